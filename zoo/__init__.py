@@ -1,0 +1,37 @@
+"""zoo: find, size, plan and load PyTorch models from a registry built on the meta device.
+
+Importing zoo is cheap: search and info never import torch; get() imports it when first called.
+"""
+
+from zoo.api import Zoo, connect
+from zoo.errors import (
+    AmbiguousName, BuildFailed, CheckpointError, InvalidRecipe, ModelNotFound, NotBuildable, RegistryDrift,
+    RegistryNotFound, SchemaOutdated, SearchSyntaxError, UntrustedBuilder, ZooError,
+)
+from zoo.info import ModelInfo
+from zoo.inspection import TensorInfo
+from zoo.search import FIELDS, F
+
+
+def get(name: str, **overrides):
+    """The model as an nn.Module of its own class, every tensor on meta (see Zoo.get)."""
+    return Zoo().get(name, **overrides)
+
+
+def info(name: str, tensors: bool = False) -> ModelInfo:
+    """The recorded metadata of a model, without importing torch (see Zoo.info)."""
+    return Zoo().info(name, tensors)
+
+
+def search(expression=None, order_by: str | None = None, limit: int | None = 100) -> list[ModelInfo]:
+    """Models matching e.g. "params<7e9 and family=timm" or F.params < 7e9 (see Zoo.search)."""
+    return Zoo().search(expression, order_by, limit)
+
+
+fields = FIELDS
+
+__all__ = [
+    "Zoo", "connect", "get", "info", "search", "F", "FIELDS", "fields", "ModelInfo", "TensorInfo",
+    "ZooError", "ModelNotFound", "AmbiguousName", "SearchSyntaxError", "BuildFailed", "NotBuildable",
+    "InvalidRecipe", "UntrustedBuilder", "SchemaOutdated", "RegistryDrift", "RegistryNotFound", "CheckpointError",
+]

@@ -1,0 +1,245 @@
+"""The admin CLI `zoo`: index, search, show, rm, db."""
+
+import argparse
+import json
+import sys
+
+from zoo.errors import ZooError
+
+SEARCH_COLUMNS = ("name", "params", "bytes", "task", "arch")
+
+
+def human(n: int | None, unit: str = "") -> str:
+    if n is None:
+        return "-"
+    if unit == "B":
+        for suffix, size in (("TiB", 1 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+            if n >= size:
+                return f"{n / size:.1f} {suffix}"
+        return f"{n} B"
+    for suffix, size in (("T", 1e12), ("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        if n >= size:
+            return f"{n / size:.2f}{suffix}"
+    return str(n)
+
+
+def _cell(info, column: str) -> str:
+    value = getattr(info, column)
+    if column == "params":
+        return human(value)
+    if column == "bytes":
+        return human(value, "B")
+    return "-" if value is None else str(value)
+
+
+def _table(rows: list[list[str]]) -> str:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows)
+
+
+def cmd_search(zoo, args) -> int:
+    found = zoo.search(args.expression, order_by=args.sort, limit=None if args.limit == 0 else args.limit)
+    if args.json:
+        print(json.dumps([i.as_dict() for i in found], indent=1))
+        return 0
+    if not found:
+        print("no models match", file=sys.stderr)
+        return 0
+    print(_table([list(SEARCH_COLUMNS)] + [[_cell(i, c) for c in SEARCH_COLUMNS] for i in found]))
+    if args.limit and len(found) == args.limit:
+        print(f"(first {args.limit}; --limit 0 for all)", file=sys.stderr)
+    return 0
+
+
+def cmd_show(zoo, args) -> int:
+    info = zoo.info(args.name, tensors=args.tensors)
+    if args.json:
+        print(json.dumps(info.as_dict(), indent=1))
+        return 0
+    rows = [
+        ("name", info.name), ("family", info.family), ("builder", info.builder),
+        ("kwargs", json.dumps(info.kwargs)), ("arch", info.arch or "-"), ("task", info.task or "-"),
+        ("input size", "x".join(map(str, info.input_size)) if info.input_size else "-"),
+        ("params", f"{info.params:,} ({human(info.params)})" if info.params is not None else "-"),
+        ("trainable", f"{info.trainable:,}" if info.trainable is not None else "-"),
+        ("buffers", f"{info.buffers:,} elements" if info.buffers is not None else "-"),
+        ("tensors", str(info.tensors) if info.tensors is not None else "-"),
+        ("bytes", f"{human(info.bytes, 'B')} ({human(info.param_bytes, 'B')} params + "
+                  f"{human(info.buffer_bytes, 'B')} buffers, {info.dtype})" if info.bytes is not None else "-"),
+        ("status", info.status + (f": {info.error}" if info.error else "")),
+        ("versions", ", ".join(f"{k} {v}" for k, v in info.versions.items()) or "-"),
+        ("indexed", info.indexed_at.isoformat(timespec="seconds")),
+    ]
+    print(_table([[k, v] for k, v in rows]))
+    if args.tensors and info.tensor_table:
+        print()
+        header = ["tensor", "kind", "shape", "dtype", "bytes", "note"]
+        body = [[t.name, t.kind, "x".join(map(str, t.shape)) or "scalar", t.dtype, human(t.bytes, "B"),
+                 ("tied to " + t.tied_to if t.tied_to else "") + ("" if t.persistent else "non-persistent")]
+                for t in info.tensor_table]
+        print(_table([header] + body))
+    return 0
+
+
+def cmd_rm(zoo, args) -> int:
+    from zoo.registry import db, store
+
+    with db.session(zoo.url, write=True) as s, s.begin():
+        removed = store.remove(s, args.name)
+    print(f"removed {removed}")
+    return 0
+
+
+def _progress_reporter(quiet: bool):
+    if quiet:
+        return None, None
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+    bar = Progress(TextColumn("indexing"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
+                   TextColumn("{task.description}"), console=Console(stderr=True))
+    task = bar.add_task("", total=None)
+
+    def report(name, done, total):
+        bar.update(task, completed=done, total=total, description=name)
+
+    return bar, report
+
+
+def cmd_index(zoo, args) -> int:
+    from zoo import indexer
+    from zoo.families import Recipe
+
+    if args.source == "builder":
+        return _index_single(args, lambda: indexer.index_one(
+            zoo.url, args.name if "/" in args.name else f"user/{args.name}",
+            Recipe("user", args.target, json.loads(args.kwargs)),
+            trusted={args.target.split(":")[0].split(".")[0]}))
+    if args.source == "checkpoint":
+        from pathlib import Path
+
+        name = args.name or f"checkpoint/{Path(args.target).stem}"
+        return _index_single(args, lambda: indexer.index_checkpoint(zoo.url, args.target, name))
+    patterns = ([args.target] if args.target else []) + args.patterns
+    bar, report = _progress_reporter(args.quiet or args.json)
+    try:
+        if bar:
+            bar.start()
+        outcome = indexer.index_family(zoo.url, args.source, patterns, jobs=args.jobs, force=args.force,
+                                       progress=report)
+    except KeyboardInterrupt:
+        print("\ninterrupted: every model finished so far is committed; run the same command to continue",
+              file=sys.stderr)
+        return 130
+    finally:
+        if bar:
+            bar.stop()
+    if args.json:
+        print(json.dumps(outcome.as_dict(), indent=1))
+    else:
+        print(f"{args.source}: {len(outcome.indexed)} indexed, {len(outcome.unchanged)} unchanged, "
+              f"{len(outcome.failed)} failed")
+        for name, error in sorted(outcome.failed.items()):
+            print(f"  failed {name}: {error}")
+    return 0
+
+
+def _index_single(args, run) -> int:
+    record = run()
+    if args.json:
+        print(json.dumps({k: record[k] for k in ("name", "status", "error", "params", "bytes")}, indent=1))
+    elif record["status"] == "ok":
+        print(f"indexed {record['name']}: {human(record['params'])} params, {human(record['bytes'], 'B')}")
+    else:
+        print(f"recorded {record['name']} as failed: {record['error']}")
+    return 0 if record["status"] == "ok" else 1
+
+
+def cmd_db(zoo, args) -> int:
+    from zoo.registry import db
+
+    if args.action == "upgrade":
+        db.upgrade(zoo.url, args.revision)
+        print(f"{zoo.url}: schema at {db.current_revision(db.engine(zoo.url))}")
+    elif args.action == "compact":
+        db.compact(zoo.url)
+        print(f"{zoo.url}: compacted")
+    else:
+        print(db.current_revision(db.engine(zoo.url)) or "empty")
+    return 0
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="zoo", description="A model zoo registry built on the meta device.")
+    p.add_argument("--registry", help="SQLAlchemy URL or SQLite path (default: $ZOO_REGISTRY or the shipped registry.db)")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    s = sub.add_parser("search", help="search the registry: 'params<1e8 and name~*vit*'")
+    s.add_argument("expression", nargs="?", default=None)
+    s.add_argument("--sort", help="field to sort by; -field for descending")
+    s.add_argument("--limit", type=int, default=100, help="at most N rows (0: all)")
+    s.add_argument("--json", action="store_true")
+    s.set_defaults(run=cmd_search)
+
+    s = sub.add_parser("show", help="a model's recorded metadata")
+    s.add_argument("name")
+    s.add_argument("--tensors", action="store_true", help="list every tensor")
+    s.add_argument("--json", action="store_true")
+    s.set_defaults(run=cmd_show)
+
+    s = sub.add_parser("index", help="build models on meta and record them",
+                       description="index timm|torchvision [PATTERN...]; index builder MODULE:FUNCTION --name NAME "
+                                   "[--kwargs JSON]; index checkpoint FILE [--name NAME]")
+    s.add_argument("source", choices=["timm", "torchvision", "builder", "checkpoint"])
+    s.add_argument("target", nargs="?", help="a glob pattern, MODULE:FUNCTION, or a checkpoint file")
+    s.add_argument("patterns", nargs="*", help="more glob patterns")
+    s.add_argument("--name", help="registry name (builder, checkpoint)")
+    s.add_argument("--kwargs", default="{}", help="JSON keyword arguments for a builder")
+    s.add_argument("--jobs", "-j", type=int, default=1, help="worker processes")
+    s.add_argument("--force", action="store_true", help="rebuild models even if unchanged")
+    s.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
+    s.add_argument("--json", action="store_true")
+    s.set_defaults(run=cmd_index)
+
+    s = sub.add_parser("rm", help="remove a model from the registry")
+    s.add_argument("name")
+    s.set_defaults(run=cmd_rm)
+
+    s = sub.add_parser("db", help="registry schema: upgrade, compact, revision")
+    s.add_argument("action", choices=["upgrade", "compact", "revision"])
+    s.add_argument("--revision", default="head", help="target revision for upgrade")
+    s.set_defaults(run=cmd_db)
+    return p
+
+
+def _glue_negative_sort(argv: list[str]) -> list[str]:
+    """Let `--sort -params` mean descending: argparse would take -params for an option."""
+    out = []
+    for arg in argv:
+        if out and out[-1] == "--sort" and arg.startswith("-"):
+            out[-1] = f"--sort={arg}"
+        else:
+            out.append(arg)
+    return out
+
+
+def main(argv=None) -> int:
+    args = parser().parse_args(_glue_negative_sort(sys.argv[1:] if argv is None else list(argv)))
+    if args.command == "index" and args.source in ("builder", "checkpoint"):
+        if not args.target:
+            parser().error(f"index {args.source} needs a {'MODULE:FUNCTION' if args.source == 'builder' else 'FILE'}")
+        if args.source == "builder" and not args.name:
+            parser().error("index builder needs --name")
+    from zoo.api import Zoo
+
+    try:
+        return args.run(Zoo(args.registry), args)
+    except (ZooError, json.JSONDecodeError) as e:
+        print(f"zoo: error: {e}", file=sys.stderr)
+        return 1
+    except BrokenPipeError:
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,20 @@
+"""Every environment variable zoo reads, and the defaults they override."""
+
+import os
+from pathlib import Path
+
+# The shipped registry lives beside the package (repository root in a checkout).
+DEFAULT_REGISTRY = Path(__file__).resolve().parent.parent / "registry.db"
+
+
+def registry_url() -> str:
+    """ZOO_REGISTRY: a SQLAlchemy URL or a file path; the shipped registry.db by default."""
+    value = os.environ.get("ZOO_REGISTRY", "").strip()
+    if not value:
+        return f"sqlite:///{DEFAULT_REGISTRY}"
+    return value if "://" in value else f"sqlite:///{Path(value).expanduser().resolve()}"
+
+
+def trusted_modules() -> set[str]:
+    """ZOO_TRUSTED_MODULES: comma-separated top-level packages whose user builders zoo may import."""
+    return {m.strip() for m in os.environ.get("ZOO_TRUSTED_MODULES", "").split(",") if m.strip()}

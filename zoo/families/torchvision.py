@@ -1,0 +1,72 @@
+"""torchvision family: every name in torchvision.models.list_models(), built with no weights of any kind."""
+
+import fnmatch
+
+from zoo.errors import UntrustedBuilder
+
+NAME = "torchvision"
+
+# torchvision's sub-packages name the task; hub pipeline names.
+_TASKS = {
+    "detection": "object-detection",
+    "segmentation": "image-segmentation",
+    "video": "video-classification",
+    "optical_flow": "optical-flow",
+}
+_CLIP_FRAMES = 16  # torchvision's video models are documented on 16-frame clips
+
+
+def available(patterns=()) -> list[str]:
+    from torchvision.models import list_models
+
+    names = list_models()
+    if not patterns:
+        return names
+    return [n for n in names if any(fnmatch.fnmatchcase(n, p) for p in patterns)]
+
+
+def check(builder: str, kwargs: dict) -> None:
+    from torchvision.models import list_models
+
+    if builder not in list_models():
+        raise UntrustedBuilder(f"{builder!r} is not a model of the installed torchvision")
+
+
+def build(builder: str, kwargs: dict):
+    import inspect
+
+    from torchvision.models import get_model_builder
+
+    fn = get_model_builder(builder)
+    off = {"weights": None}
+    # Detection and segmentation builders download backbone weights unless told not to.
+    if "weights_backbone" in inspect.signature(fn).parameters:
+        off["weights_backbone"] = None
+    return fn(**off, **kwargs)
+
+
+def task_of(builder: str) -> str:
+    from torchvision.models import get_model_builder
+
+    parts = get_model_builder(builder).__module__.split(".")
+    return _TASKS.get(parts[2], "image-classification") if len(parts) > 3 else "image-classification"
+
+
+def describe(builder: str, module) -> dict:
+    from torchvision.models import get_model_weights
+
+    task = task_of(builder)
+    transforms = get_model_weights(builder).DEFAULT.transforms()
+    crop = getattr(transforms, "crop_size", None) or getattr(transforms, "resize_size", None)
+    size = None
+    if crop:
+        h, w = (crop * 2)[:2]
+        size = [3, _CLIP_FRAMES, h, w] if task == "video-classification" else [3, h, w]
+    return {"task": task, "input_size": size}
+
+
+def versions() -> dict:
+    import torch
+    import torchvision
+
+    return {"torch": torch.__version__.split("+")[0], "torchvision": torchvision.__version__.split("+")[0]}

@@ -1,0 +1,155 @@
+"""Index models: build each on meta in worker processes, record it, commit it in its own transaction."""
+
+import hashlib
+import json
+import multiprocessing
+import traceback
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+from dataclasses import dataclass, field
+
+from zoo.families import Recipe, family
+from zoo.registry import db, store
+
+# Bump when what a build records changes: every model is then rebuilt on the next index.
+RECORD_VERSION = 1
+
+
+@dataclass
+class Outcome:
+    indexed: list[str] = field(default_factory=list)
+    unchanged: list[str] = field(default_factory=list)
+    failed: dict[str, str] = field(default_factory=dict)  # name -> error
+
+    def as_dict(self) -> dict:
+        return {"indexed": len(self.indexed), "unchanged": len(self.unchanged), "failed": self.failed}
+
+
+def source_hash(recipe: Recipe, versions: dict) -> str:
+    """Identifies everything a build depends on; an unchanged hash means an unchanged row."""
+    key = json.dumps([RECORD_VERSION, recipe.family, recipe.builder, recipe.kwargs, versions], sort_keys=True)
+    return hashlib.sha256(key.encode()).hexdigest()
+
+
+def record_of(name: str, recipe: Recipe, trusted: set[str] | None = None) -> tuple[dict, list | None]:
+    """Build one model on meta and describe it: the registry row and its tensor table.
+    A build that fails gives a row with status "error" and the reason, never an exception."""
+    fam = family(recipe.family)
+    versions = fam.versions()
+    base = dict(name=name, family=recipe.family, builder=recipe.builder, kwargs=recipe.kwargs_json(),
+                versions=store.dumps(versions), source_hash=source_hash(recipe, versions))
+    try:
+        from zoo.build import build_meta
+        from zoo.inspection import inspect_module
+
+        module = build_meta(recipe, trusted)
+        summary = inspect_module(module)
+        described = fam.describe(recipe.builder, module)
+    except Exception as e:  # recorded, not raised: one broken model must not stop an index run
+        return {**base, "status": "error", "error": _reason(e)}, None
+    cls = type(module)
+    return {
+        **base, "status": "ok", "error": None, "arch": f"{cls.__module__}.{cls.__qualname__}",
+        "task": described["task"],
+        "input_size": json.dumps(described["input_size"]) if described["input_size"] else None,
+        "dtype": summary.dtype, "params": summary.params, "trainable": summary.trainable,
+        "buffers": summary.buffers, "tensors": summary.tensors, "param_bytes": summary.param_bytes,
+        "buffer_bytes": summary.buffer_bytes, "bytes": summary.bytes,
+    }, summary.tensor_table
+
+
+def _reason(e: BaseException) -> str:
+    cause = e.__cause__ or e
+    where = traceback.extract_tb(cause.__traceback__)[-1:] if cause.__traceback__ else []
+    at = f" (at {where[0].filename.rsplit('/site-packages/', 1)[-1]}:{where[0].lineno})" if where else ""
+    return f"{type(cause).__name__}: {cause}"[:2000] + at
+
+
+def save(url: str, record: dict, table) -> None:
+    """One model, one transaction: a crash leaves it either fully there or not at all."""
+    with db.session(url, write=True) as s, s.begin():
+        store.write_model(s, record, table)
+
+
+def _build_in_worker(name: str, recipe: Recipe):
+    return record_of(name, recipe)
+
+
+def index_family(url: str, family_name: str, patterns=(), jobs: int = 1, force: bool = False,
+                 progress=None) -> Outcome:
+    """Index every model of a family matching the patterns; unchanged ones are skipped.
+
+    `progress(name, done, total)` is called after each model. Ctrl-C stops after the models
+    already committed; a re-run continues where this one stopped.
+    """
+    fam = family(family_name)
+    versions = fam.versions()
+    db.open_registry(url, write=True)  # create or check the schema before any work
+    wanted = {f"{family_name}/{b}": Recipe(family_name, b) for b in fam.available(patterns)}
+    outcome = Outcome()
+    with db.session(url) as s:
+        for name, recipe in list(wanted.items()):
+            if not force and store.source_hash_of(s, name) == source_hash(recipe, versions):
+                outcome.unchanged.append(name)
+                del wanted[name]
+    total, done = len(wanted), 0
+
+    def finish(record, table):
+        nonlocal done
+        save(url, record, table)
+        done += 1
+        if record["status"] == "ok":
+            outcome.indexed.append(record["name"])
+        else:
+            outcome.failed[record["name"]] = record["error"]
+        if progress:
+            progress(record["name"], done, total)
+
+    if jobs <= 1:
+        for name, recipe in wanted.items():
+            finish(*record_of(name, recipe))
+        return outcome
+    # fork: workers inherit the imported libraries instead of importing them again (seconds each)
+    with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("fork")) as pool:
+        pending = {pool.submit(_build_in_worker, n, r) for n, r in wanted.items()}
+        try:
+            while pending:
+                finished, pending = wait(pending, return_when=FIRST_COMPLETED)
+                for fut in finished:
+                    finish(*fut.result())
+        except BaseException:
+            for fut in pending:
+                fut.cancel()
+            raise
+    return outcome
+
+
+def index_one(url: str, name: str, recipe: Recipe, trusted: set[str] | None = None) -> dict:
+    """Index a single model (a user builder); returns its row."""
+    db.open_registry(url, write=True)
+    record, table = record_of(name, recipe, trusted)
+    save(url, record, table)
+    return record
+
+
+def index_checkpoint(url: str, path: str, name: str) -> dict:
+    """Record a weights file's tensors, from its header or a meta-loaded pickle; no data is read."""
+    import os
+
+    from zoo.families.checkpoint import read_tensors
+
+    db.open_registry(url, write=True)
+    table = read_tensors(path)
+    recipe = Recipe("checkpoint", os.path.abspath(path))
+    stat = os.stat(path)
+    unique = [t for t in table if t.tied_to is None]
+    record = dict(
+        name=name, family="checkpoint", builder=recipe.builder, kwargs="{}", versions="{}",
+        source_hash=source_hash(recipe, {"size": stat.st_size, "mtime": stat.st_mtime_ns}), status="ok",
+        error=None, arch=None, task=None, input_size=None,
+        dtype=max({t.dtype for t in unique}, key=lambda d: sum(t.bytes for t in unique if t.dtype == d)),
+        params=sum(t.numel for t in unique), trainable=sum(t.numel for t in unique), buffers=0,
+        tensors=len(unique), param_bytes=sum(t.bytes for t in unique), buffer_bytes=0,
+        bytes=sum(t.bytes for t in unique),
+    )
+    save(url, record, table)
+    return record

@@ -1,0 +1,84 @@
+"""Read a built module's tensors into plain records: names, shapes, dtypes, bytes, ties, persistence."""
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    name: str
+    kind: str  # "parameter" or "buffer"
+    persistent: bool  # in state_dict(); non-persistent buffers are not
+    shape: tuple[int, ...]
+    dtype: str  # "float32", "int64", ...
+    numel: int
+    bytes: int
+    tied_to: str | None = None  # the first name of the same tensor, when this name is an alias
+
+    def to_row(self) -> list:
+        return [self.name, self.kind, self.persistent, list(self.shape), self.dtype, self.numel, self.bytes, self.tied_to]
+
+    @classmethod
+    def from_row(cls, row: list) -> "TensorInfo":
+        name, kind, persistent, shape, dtype, numel, nbytes, tied_to = row
+        return cls(name, kind, bool(persistent), tuple(shape), dtype, numel, nbytes, tied_to)
+
+
+@dataclass(frozen=True)
+class Summary:
+    """Counts over distinct tensors: a tensor under two names counts once, as module.parameters() does."""
+
+    params: int
+    trainable: int
+    buffers: int
+    tensors: int
+    param_bytes: int
+    buffer_bytes: int
+    dtype: str | None
+    tensor_table: list[TensorInfo] = field(repr=False)
+
+    @property
+    def bytes(self) -> int:
+        return self.param_bytes + self.buffer_bytes
+
+
+def dtype_name(dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def inspect_module(module) -> Summary:
+    """Walk parameters then buffers (aliases included) and summarize distinct tensors."""
+    first_name: dict[int, str] = {}
+    table: list[TensorInfo] = []
+    totals = {"params": 0, "trainable": 0, "buffers": 0, "param_bytes": 0, "buffer_bytes": 0}
+    bytes_by_dtype: dict[str, int] = {}
+    for kind, named in (("parameter", module.named_parameters(remove_duplicate=False)),
+                        ("buffer", _named_buffers_with_persistence(module))):
+        for item in named:
+            name, tensor = item[0], item[1]
+            persistent = item[2] if kind == "buffer" else True
+            nbytes = tensor.numel() * tensor.element_size()
+            tied_to = first_name.get(id(tensor))
+            table.append(TensorInfo(name, kind, persistent, tuple(tensor.shape), dtype_name(tensor.dtype),
+                                    tensor.numel(), nbytes, tied_to))
+            if tied_to is not None:
+                continue
+            first_name[id(tensor)] = name
+            if kind == "parameter":
+                totals["params"] += tensor.numel()
+                totals["trainable"] += tensor.numel() if tensor.requires_grad else 0
+                totals["param_bytes"] += nbytes
+                bytes_by_dtype[dtype_name(tensor.dtype)] = bytes_by_dtype.get(dtype_name(tensor.dtype), 0) + nbytes
+            else:
+                totals["buffers"] += tensor.numel()
+                totals["buffer_bytes"] += nbytes
+    dtype = max(bytes_by_dtype, key=bytes_by_dtype.get) if bytes_by_dtype else None
+    return Summary(tensors=len(first_name), dtype=dtype, tensor_table=table, **totals)
+
+
+def _named_buffers_with_persistence(module):
+    """(name, buffer, persistent) for every buffer, aliases included, like named_parameters(remove_duplicate=False)."""
+    for prefix, mod in module.named_modules(remove_duplicate=False):
+        for local, buf in mod._buffers.items():
+            if buf is not None:
+                name = f"{prefix}.{local}" if prefix else local
+                yield name, buf, local not in mod._non_persistent_buffers_set

@@ -1,0 +1,194 @@
+"""Forced-meta mode: every tensor created or moved lands on meta, and init that only writes meta is skipped."""
+
+import contextlib
+
+import torch
+from torch.overrides import TorchFunctionMode
+from torch.utils._device import _device_constructors
+
+META = torch.device("meta")
+
+# In-place methods whose names end in "_" but change a tensor's metadata, not its values:
+# these must still run on meta, or shapes and requires_grad would be wrong.
+_METADATA_INPLACE = frozenset({
+    "requires_grad_", "resize_", "resize_as_", "squeeze_", "unsqueeze_", "t_", "transpose_",
+    "swapdims_", "swapaxes_", "as_strided_", "set_", "share_memory_", "detach_", "rename_",
+    "_coalesced_", "retain_grad", "module_load",
+})
+_MOVES = {torch.Tensor.to, torch.Tensor.cuda, torch.Tensor.cpu}
+# Ops whose values are random: their results get no shadow, and running them on CPU beside
+# the meta build would move the global RNG state.
+_RANDOM = frozenset({
+    "rand", "randn", "randint", "randperm", "rand_like", "randn_like", "randint_like", "normal",
+    "bernoulli", "multinomial", "poisson", "uniform_", "normal_", "random_", "bernoulli_",
+    "exponential_", "geometric_", "log_normal_", "cauchy_", "trunc_normal_", "dropout", "dropout_",
+    "xavier_uniform_", "xavier_normal_", "kaiming_uniform_", "kaiming_normal_", "orthogonal_", "sparse_",
+})
+_NO_VALUE = _RANDOM | {"empty", "empty_strided", "empty_permuted", "empty_quantized"}
+SHADOW_LIMIT = 1 << 20  # elements; larger constructed tensors stay value-less meta
+
+
+
+def _to_meta(func, args, kwargs):
+    """Tensor.to / .cuda / .cpu with the device replaced by meta; a dtype change still applies."""
+    tensor = args[0]
+    dtype = kwargs.get("dtype")
+    if func is torch.Tensor.to:
+        for arg in args[1:]:
+            if isinstance(arg, torch.dtype):
+                dtype = arg
+            elif isinstance(arg, torch.Tensor):  # .to(other) takes other's dtype
+                dtype = arg.dtype
+    return tensor.to(device=META, dtype=dtype or tensor.dtype, copy=bool(kwargs.get("copy", False)))
+
+
+class ForceMeta(TorchFunctionMode):
+    """Route every tensor to meta, whatever device the model's code names, and skip value writes.
+
+    Unlike ``with torch.device("meta")``, an explicit ``device="cpu"`` or ``.cuda()`` inside a
+    builder also lands on meta. In-place writes into meta tensors (``uniform_``, ``trunc_normal_``,
+    ``zero_``, ``copy_``, ...) return at once: on meta they compute nothing, yet their Python meta
+    kernels are most of a build's time.
+
+    Small tensors computed deterministically from Python numbers (``torch.linspace(...)``,
+    ``arange``-built position indices, RoPE frequencies) also get a *shadow*: the same ops run
+    on CPU beside the meta ones. Code that reads values (``.item()``, ``.tolist()``, ``if t:``)
+    gets them from the shadow, and ``value_of(buffer)`` gives a buffer's constructed value.
+    """
+
+    def __init__(self, shadow_limit: int = SHADOW_LIMIT):
+        super().__init__()
+        self.constructors = _device_constructors()
+        self.shadow_limit = shadow_limit
+        
+    def value_of(self, tensor: torch.Tensor) -> torch.Tensor | None:
+        """The real value the builder computed for this meta tensor, if it was small and deterministic."""
+        return _shadow(tensor)
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func in _MOVES and args and isinstance(args[0], torch.Tensor):
+            out = _to_meta(func, args, kwargs)
+            self._shadow_of_move(args[0], out, func, args, kwargs)
+            return out
+        name = getattr(func, "__name__", "")
+        if func in self.constructors:
+            return self._construct(func, name, args, kwargs)
+        metas = [t for t in _tensors(args, kwargs) if t.is_meta]
+        if metas and name not in _RANDOM and all(_shadow(t) is not None for t in metas):
+            return self._with_shadows(func, args, kwargs)
+        target = args[0] if args else next(iter(kwargs.values()), None)  # nn.init passes tensor=
+        if metas and metas[0] is target and _writes_values(name):
+            _set_shadow(target, None)  # its value is no longer known
+            return target
+        out = func(*args, **kwargs)
+        if isinstance(out, torch.Tensor) and not out.is_meta and not isinstance(out, torch.nn.Parameter):
+            out = self._forced(out)  # from_numpy, frombuffer and friends: forced, like the rest
+        return out
+
+    def _forced(self, real_tensor):
+        meta = real_tensor.to(META)
+        if real_tensor.numel() <= self.shadow_limit:
+            _set_shadow(meta, real_tensor)
+        return meta
+
+    def _construct(self, func, name, args, kwargs):
+        out = func(*args, **{**kwargs, "device": META})
+        if name not in _NO_VALUE and isinstance(out, torch.Tensor) and out.numel() <= self.shadow_limit:
+            _set_shadow(out, func(*args, **{**kwargs, "device": "cpu"}))
+        return out
+
+    def _shadow_of_move(self, source, out, func, args, kwargs):
+        shadow = _shadow(source) if source.is_meta else source
+        if shadow is not None and out is not source and shadow.numel() <= self.shadow_limit:
+            _set_shadow(out, shadow.to(dtype=out.dtype))
+
+    def _with_shadows(self, func, args, kwargs):
+        """Run func on the shadows too; a plain Python result (item, tolist, bool) comes from them."""
+        real_args = [_swap(a, self._real) for a in args]
+        real_kwargs = {k: _swap(v, self._real) for k, v in kwargs.items()}
+        real_out = func(*real_args, **real_kwargs)
+        real_leaves = list(_tensors((real_out,), {}))
+        if not real_leaves:
+            return real_out
+        out = func(*args, **kwargs)
+        for meta, value in zip(_tensors((out,), {}), real_leaves):
+            if isinstance(meta, torch.Tensor) and isinstance(value, torch.Tensor):
+                if meta.is_meta:
+                    _set_shadow(meta, value if value.numel() <= self.shadow_limit else None)
+        return out
+
+    def _real(self, value):
+        if isinstance(value, torch.Tensor):
+            return _shadow(value) if value.is_meta else value
+        if isinstance(value, torch.device) and value.type == "meta" or (isinstance(value, str) and value == "meta"):
+            return torch.device("cpu")
+        return value
+
+
+# A shadow rides on its meta tensor as an attribute: it dies with the tensor, and a weak
+# dictionary's callbacks were a tenth of a build's time.
+_SHADOW = "_zoo_value"
+
+
+def _shadow(tensor):
+    return tensor.__dict__.get(_SHADOW)
+
+
+def _set_shadow(tensor, value):
+    if value is None:
+        tensor.__dict__.pop(_SHADOW, None)
+    else:
+        tensor.__dict__[_SHADOW] = value
+
+
+def _tensors(args, kwargs):
+    """The tensors among args and kwargs, one level into lists and tuples (torch.cat, stack, meshgrid)."""
+    for value in (*args, *kwargs.values()):
+        if isinstance(value, torch.Tensor):
+            yield value
+        elif isinstance(value, (list, tuple)):
+            for item in value:
+                if isinstance(item, torch.Tensor):
+                    yield item
+
+
+def _swap(value, fn):
+    if isinstance(value, (list, tuple)) and not hasattr(value, "_fields"):
+        return type(value)(fn(v) for v in value)
+    return fn(value)
+
+
+def _writes_values(name: str) -> bool:
+    return name.endswith("_") and not name.endswith("__") and name not in _METADATA_INPLACE
+
+
+@contextlib.contextmanager
+def force_meta(shadow_limit: int = SHADOW_LIMIT):
+    """Build under forced meta; yields the mode (``mode.value_of(t)``); real() inside suspends it."""
+    with ForceMeta(shadow_limit) as mode:
+        yield mode
+
+
+@contextlib.contextmanager
+def real():
+    """Suspend forced meta for code that needs real tensors (values it reads with .item(), tables, ...)."""
+    from torch.overrides import _pop_mode_temporarily, _get_current_function_mode_stack
+
+    stack = _get_current_function_mode_stack()
+    if not any(isinstance(m, ForceMeta) for m in stack):
+        yield
+        return
+    popped = []
+    try:
+        # Pop modes down to and including the innermost ForceMeta, then restore them in order.
+        while True:
+            ctx = _pop_mode_temporarily()
+            mode = ctx.__enter__()
+            popped.append(ctx)
+            if isinstance(mode, ForceMeta):
+                break
+        yield
+    finally:
+        for ctx in reversed(popped):
+            ctx.__exit__(None, None, None)

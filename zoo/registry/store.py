@@ -1,0 +1,86 @@
+"""Registry queries: resolve a name, read a row, write one model atomically, delete, search."""
+
+import difflib
+import json
+from datetime import datetime, timezone
+
+from sqlalchemy import delete, select
+from sqlalchemy.orm import Session
+
+from zoo.errors import AmbiguousName, ModelNotFound
+from zoo.info import ModelInfo, encode_tensors
+from zoo.registry.tables import Model, ModelTensors
+
+
+def short_name(name: str) -> str:
+    return name.split("/", 1)[1] if "/" in name else name
+
+
+def resolve(session: Session, name: str) -> Model:
+    """The row for a full name ("timm/resnet50") or a bare one ("resnet50") that only one family has."""
+    row = session.scalar(select(Model).where(Model.name == name))
+    if row is not None:
+        return row
+    rows = session.scalars(select(Model).where(Model.short == name).order_by(Model.name)).all()
+    if len(rows) == 1:
+        return rows[0]
+    if rows:
+        raise AmbiguousName(name, [r.name for r in rows])
+    raise ModelNotFound(name, suggest(session, name))
+
+
+def suggest(session: Session, name: str, n: int = 5) -> list[str]:
+    """The closest registered names, matching on full and bare names alike."""
+    names = session.execute(select(Model.name, Model.short)).all()
+    by_key: dict[str, str] = {}
+    for full, short in names:
+        by_key.setdefault(full, full)
+        by_key.setdefault(short, full)
+    close = difflib.get_close_matches(name, list(by_key), n=n * 2, cutoff=0.6)
+    return list(dict.fromkeys(by_key[c] for c in close))[:n]
+
+
+def tensor_blob(session: Session, model_id: int) -> bytes | None:
+    return session.scalar(select(ModelTensors.data).where(ModelTensors.model_id == model_id))
+
+
+def info(session: Session, name: str, tensors: bool = False) -> ModelInfo:
+    row = resolve(session, name)
+    return ModelInfo.from_row(row, tensor_blob(session, row.id) if tensors else None)
+
+
+def source_hash_of(session: Session, name: str) -> str | None:
+    return session.scalar(select(Model.source_hash).where(Model.name == name))
+
+
+def write_model(session: Session, record: dict, tensor_table) -> None:
+    """Insert or replace one model and its tensors in the current transaction."""
+    session.execute(delete(Model).where(Model.name == record["name"]))
+    row = Model(**record, short=short_name(record["name"]), indexed_at=datetime.now(timezone.utc).replace(tzinfo=None))
+    session.add(row)
+    session.flush()
+    if tensor_table is not None:
+        session.add(ModelTensors(model_id=row.id, data=encode_tensors(tensor_table)))
+
+
+def remove(session: Session, name: str) -> str:
+    row = resolve(session, name)
+    session.execute(delete(ModelTensors).where(ModelTensors.model_id == row.id))
+    session.execute(delete(Model).where(Model.id == row.id))
+    return row.name
+
+
+def search(session: Session, expression, order_by: str | None = None, limit: int | None = 100) -> list[ModelInfo]:
+    from zoo.search import compile_search, sort_clause
+
+    query = select(Model)
+    if expression is not None and not (isinstance(expression, str) and not expression.strip()):
+        query = query.where(compile_search(expression))
+    query = query.order_by(sort_clause(order_by) if order_by else Model.name)
+    if limit is not None:
+        query = query.limit(limit)
+    return [ModelInfo.from_row(r) for r in session.scalars(query)]
+
+
+def dumps(value) -> str:
+    return json.dumps(value, sort_keys=True)

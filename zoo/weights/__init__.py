@@ -1,0 +1,1 @@
+"""Weight files: safe readers for safetensors headers and torch pickles."""
