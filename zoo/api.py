@@ -42,13 +42,13 @@ class Zoo:
             if row.status != "ok":
                 raise BuildFailed(f"{row.name} failed to build when it was indexed: {row.error}")
             recipe = Recipe(row.family, row.builder, {**json.loads(row.kwargs), **overrides})
-            recorded = store.tensor_blob(s, row.id) if not overrides else None
             key = (self.url, row.name, row.source_hash, recipe.kwargs_json())
 
         def build():
             module = build_meta(recipe)
-            if recorded is not None:
-                _check_against_record(row.name, module, recorded)
+            if not overrides:
+                with db.session(self.url) as s:
+                    _check_against_record(row.name, module, store.tensor_blob(s, row.id))
             return module
 
         return templates.cached(key, build)

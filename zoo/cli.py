@@ -120,7 +120,7 @@ def cmd_index(zoo, args) -> int:
 
         name = args.name or f"checkpoint/{Path(args.target).stem}"
         return _index_single(args, lambda: indexer.index_checkpoint(zoo.url, args.target, name))
-    patterns = ([args.target] if args.target else []) + args.patterns
+    patterns = args.targets
     bar, report = _progress_reporter(args.quiet or args.json)
     try:
         if bar:
@@ -191,8 +191,7 @@ def parser() -> argparse.ArgumentParser:
                        description="index timm|torchvision [PATTERN...]; index builder MODULE:FUNCTION --name NAME "
                                    "[--kwargs JSON]; index checkpoint FILE [--name NAME]")
     s.add_argument("source", choices=["timm", "torchvision", "builder", "checkpoint"])
-    s.add_argument("target", nargs="?", help="a glob pattern, MODULE:FUNCTION, or a checkpoint file")
-    s.add_argument("patterns", nargs="*", help="more glob patterns")
+    s.add_argument("targets", nargs="*", metavar="TARGET", help="glob patterns, MODULE:FUNCTION, or a checkpoint file")
     s.add_argument("--name", help="registry name (builder, checkpoint)")
     s.add_argument("--kwargs", default="{}", help="JSON keyword arguments for a builder")
     s.add_argument("--jobs", "-j", type=int, default=1, help="worker processes")
@@ -224,12 +223,20 @@ def _glue_negative_sort(argv: list[str]) -> list[str]:
 
 
 def main(argv=None) -> int:
-    args = parser().parse_args(_glue_negative_sort(sys.argv[1:] if argv is None else list(argv)))
-    if args.command == "index" and args.source in ("builder", "checkpoint"):
-        if not args.target:
-            parser().error(f"index {args.source} needs a {'MODULE:FUNCTION' if args.source == 'builder' else 'FILE'}")
-        if args.source == "builder" and not args.name:
-            parser().error("index builder needs --name")
+    p = parser()
+    # parse_known_args: argparse stops filling positionals at the first option, so patterns after
+    # flags (`zoo index timm -j 2 'vit_*'`) arrive as extras.
+    args, extra = p.parse_known_args(_glue_negative_sort(sys.argv[1:] if argv is None else list(argv)))
+    if extra and (args.command != "index" or any(e.startswith("-") for e in extra)):
+        p.error(f"unrecognized arguments: {' '.join(extra)}")
+    if args.command == "index":
+        args.targets += extra
+        if args.source in ("builder", "checkpoint"):
+            if len(args.targets) != 1:
+                p.error(f"index {args.source} takes one {'MODULE:FUNCTION' if args.source == 'builder' else 'FILE'}")
+            if args.source == "builder" and not args.name:
+                p.error("index builder needs --name")
+            args.target = args.targets[0]
     from zoo.api import Zoo
 
     try:

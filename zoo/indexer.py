@@ -4,6 +4,7 @@ import hashlib
 import json
 import multiprocessing
 import traceback
+import warnings
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from dataclasses import dataclass, field
 
@@ -41,7 +42,9 @@ def record_of(name: str, recipe: Recipe, trusted: set[str] | None = None) -> tup
         from zoo.build import build_meta
         from zoo.inspection import inspect_module
 
-        module = build_meta(recipe, trusted)
+        with warnings.catch_warnings():  # builders' deprecation chatter would bury the progress bar
+            warnings.simplefilter("ignore")
+            module = build_meta(recipe, trusted)
         summary = inspect_module(module)
         described = fam.describe(recipe.builder, module)
     except Exception as e:  # recorded, not raised: one broken model must not stop an index run
@@ -88,7 +91,7 @@ def index_family(url: str, family_name: str, patterns=(), jobs: int = 1, force: 
     outcome = Outcome()
     with db.session(url) as s:
         for name, recipe in list(wanted.items()):
-            if not force and store.source_hash_of(s, name) == source_hash(recipe, versions):
+            if not force and store.ok_hash_of(s, name) == source_hash(recipe, versions):
                 outcome.unchanged.append(name)
                 del wanted[name]
     total, done = len(wanted), 0

@@ -111,7 +111,13 @@ class ForceMeta(TorchFunctionMode):
         real_leaves = list(_tensors((real_out,), {}))
         if not real_leaves:
             return real_out
-        out = func(*args, **kwargs)
+        try:
+            out = func(*args, **kwargs)
+        except (NotImplementedError, RuntimeError):
+            # No meta kernel, or a data-dependent shape (torch.unique): the shadow knows the answer.
+            from torch.utils._pytree import tree_map_only
+
+            return tree_map_only(torch.Tensor, self._forced, real_out)
         for meta, value in zip(_tensors((out,), {}), real_leaves):
             if isinstance(meta, torch.Tensor) and isinstance(value, torch.Tensor):
                 if meta.is_meta:

@@ -15,7 +15,6 @@ the offending token. Comparisons are two-valued: one on a NULL column is false, 
 
 from __future__ import annotations
 
-import math
 import operator
 import re
 from dataclasses import dataclass
@@ -156,8 +155,8 @@ def _number(value: object, field: str) -> int | float:
         try:  # exact: rounding could make 1.000...1 whole
             with localcontext(prec=len(value) + 20):
                 d = Decimal(m[1].replace("_", "")) * _SUFFIXES.get(m[2], 1)
-        except ArithmeticError:  # an exponent too large for Decimal
-            d = Decimal("1e999")
+        except ArithmeticError:  # an exponent too large even for Decimal
+            raise _Bad(f"number out of range for {field}: {value!r}") from None
     elif isinstance(value, (int, float)) and not isinstance(value, bool):
         d = Decimal(value)
     else:
@@ -221,11 +220,9 @@ class _Fields:
     __slots__ = ()
 
     def __getattr__(self, name: str) -> _Field:
-        if name.lower() in FIELDS and not name.startswith("_"):
+        if name.lower() in FIELDS:
             return _Field(name.lower())
         raise AttributeError(f"no search field {name!r}; fields are: {_FIELD_LIST}")
-
-    __getitem__ = __getattr__
 
     def __dir__(self):
         return list(FIELDS)

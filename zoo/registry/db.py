@@ -49,9 +49,20 @@ def current_revision(eng: Engine) -> str | None:
         return conn.execute(text("SELECT version_num FROM alembic_version")).scalar()
 
 
+_checked: set[tuple[str, bool]] = set()
+
+
 def open_registry(url: str, write: bool = False) -> Engine:
     """An engine on a registry at this code's schema revision. A writer upgrades a brand-new
     database; anything else at another revision is refused with what to run."""
+    if (url, write) in _checked:  # checked once per process: get() is called in loops
+        return engine(url, write)
+    eng = _open_checked(url, write)
+    _checked.add((url, write))
+    return eng
+
+
+def _open_checked(url: str, write: bool) -> Engine:
     path = _sqlite_path(url)
     if not write and path is not None and not path.exists():
         raise RegistryNotFound(f"no registry at {path}; index models into it with `zoo index`, or set ZOO_REGISTRY")
@@ -89,6 +100,7 @@ def upgrade(url: str, revision: str = "head") -> None:
         cfg.attributes["connection"] = conn
         command.upgrade(cfg, revision)
         conn.commit()
+    _checked.clear()
 
 
 def session(url: str, write: bool = False) -> Session:
@@ -104,6 +116,7 @@ def compact(url: str) -> None:
         return
     for eng in (engine(url, True), engine(url, False)):
         eng.dispose()
+    _checked.clear()
     con = sqlite3.connect(path, isolation_level=None)
     try:
         con.execute("PRAGMA wal_checkpoint(TRUNCATE)")

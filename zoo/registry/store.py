@@ -49,8 +49,9 @@ def info(session: Session, name: str, tensors: bool = False) -> ModelInfo:
     return ModelInfo.from_row(row, tensor_blob(session, row.id) if tensors else None)
 
 
-def source_hash_of(session: Session, name: str) -> str | None:
-    return session.scalar(select(Model.source_hash).where(Model.name == name))
+def ok_hash_of(session: Session, name: str) -> str | None:
+    """The source hash of a model that built; failed ones are retried on every index run."""
+    return session.scalar(select(Model.source_hash).where(Model.name == name, Model.status == "ok"))
 
 
 def write_model(session: Session, record: dict, tensor_table) -> None:
@@ -76,7 +77,7 @@ def search(session: Session, expression, order_by: str | None = None, limit: int
     query = select(Model)
     if expression is not None and not (isinstance(expression, str) and not expression.strip()):
         query = query.where(compile_search(expression))
-    query = query.order_by(sort_clause(order_by) if order_by else Model.name)
+    query = query.order_by(sort_clause(order_by), Model.name) if order_by else query.order_by(Model.name)
     if limit is not None:
         query = query.limit(limit)
     return [ModelInfo.from_row(r) for r in session.scalars(query)]

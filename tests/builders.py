@@ -1,0 +1,37 @@
+"""Small user builders for the tests: `zoo index builder tests.builders:NAME`."""
+
+import torch
+from torch import nn
+
+
+class TiedNet(nn.Module):
+    """An encoder and decoder sharing one weight, a non-persistent buffer, and tensors made with device="cpu"."""
+
+    def __init__(self, dim: int = 8, vocab: int = 32):
+        super().__init__()
+        self.embed = nn.Embedding(vocab, dim, device="cpu")
+        self.proj = nn.Linear(dim, dim).to("cpu")
+        self.head = nn.Linear(dim, vocab, bias=False)
+        self.head.weight = self.embed.weight  # tied, as in language models
+        self.register_buffer("positions", torch.arange(vocab, device="cpu"), persistent=False)
+        self.register_buffer("scale", torch.full((dim,), 0.5, device="cpu"))
+        nn.init.trunc_normal_(self.proj.weight, std=0.02)
+
+    def forward(self, ids):
+        return self.head(self.proj(self.embed(ids)) * self.scale)
+
+
+def tied_net(dim: int = 8, vocab: int = 32) -> TiedNet:
+    return TiedNet(dim, vocab)
+
+
+def broken(**kwargs):
+    raise RuntimeError("this builder always fails")
+
+
+def reads_values() -> nn.Module:
+    """Reads tensor values while building, as timm's drop-path schedules do."""
+    rates = [x.item() for x in torch.linspace(0, 0.1, 4, device="cpu")]
+    net = nn.Sequential(*[nn.Linear(4, 4) for _ in rates])
+    net.register_buffer("rates", torch.tensor(rates), persistent=False)
+    return net

@@ -1,0 +1,62 @@
+"""Fixtures: fresh registries made by zoo's own indexer, and a runner for the `zoo` CLI."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+# A few real models of each family; cheap to build, yet they cover the interesting cases.
+SMALL_TIMM = ["resnet18", "vit_tiny_patch16_224", "swin_tiny_patch4_window7_224", "efficientnet_b0"]
+SMALL_TORCHVISION = ["resnet18", "mobilenet_v3_small", "fasterrcnn_mobilenet_v3_large_fpn"]
+
+
+@pytest.fixture(autouse=True)
+def _trust_test_builders(monkeypatch):
+    monkeypatch.setenv("ZOO_TRUSTED_MODULES", "tests")
+
+
+@pytest.fixture(scope="session")
+def small_registry(tmp_path_factory) -> str:
+    """A registry holding SMALL_TIMM, SMALL_TORCHVISION and the tied test builder; treat it as read-only."""
+    from zoo import indexer
+    from zoo.families import Recipe
+
+    url = f"sqlite:///{tmp_path_factory.mktemp('registry') / 'small.db'}"
+    indexer.index_family(url, "timm", SMALL_TIMM)
+    indexer.index_family(url, "torchvision", SMALL_TORCHVISION)
+    indexer.index_one(url, "user/tied", Recipe("user", "tests.builders:tied_net"), trusted={"tests"})
+    return url
+
+
+@pytest.fixture
+def zoo_at(small_registry, monkeypatch):
+    """The zoo module, pointed at the small registry."""
+    import zoo
+
+    monkeypatch.setenv("ZOO_REGISTRY", small_registry.removeprefix("sqlite:///"))
+    return zoo
+
+
+@pytest.fixture
+def fresh_url(tmp_path) -> str:
+    return f"sqlite:///{tmp_path / 'fresh.db'}"
+
+
+def run_cli(*args, registry: str | None = None, check: bool = True, timeout: int = 600, env_extra=None):
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    if registry:
+        env["ZOO_REGISTRY"] = registry.removeprefix("sqlite:///")
+    env.update(env_extra or {})
+    proc = subprocess.run([sys.executable, "-m", "zoo.cli", *args], capture_output=True, text=True,
+                          env=env, timeout=timeout, cwd=ROOT)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"zoo {' '.join(args)} exited {proc.returncode}:\n{proc.stdout}\n{proc.stderr}")
+    return proc
+
+
+def cli_json(*args, **kwargs):
+    return json.loads(run_cli(*args, "--json", **kwargs).stdout)

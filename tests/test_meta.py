@@ -1,0 +1,86 @@
+"""Forced-meta builds: explicit devices, real(), skipped init, values read while building."""
+
+import torch
+from torch import nn
+
+from tests.builders import TiedNet, reads_values
+from zoo.meta import force_meta, real
+
+
+def test_explicit_cpu_device_inside_a_builder_lands_on_meta():
+    with force_meta():
+        net = TiedNet()
+        moved = torch.ones(3).to("cpu", torch.float16)
+        on_cpu = torch.zeros(2).cpu()
+    tensors = [*net.parameters(), *net.buffers(), moved, on_cpu]
+    assert all(t.is_meta for t in tensors)
+    assert moved.dtype == torch.float16  # the dtype part of .to() still applies
+
+
+def test_plain_meta_device_context_is_not_enough():
+    """The reason forced meta exists: torch.device("meta") yields to an explicit device."""
+    with torch.device("meta"):
+        positions = torch.arange(4, device="cpu")
+    assert not positions.is_meta
+
+
+def test_real_suspends_forced_meta_and_nests():
+    with force_meta():
+        with real():
+            table = torch.arange(4)
+            with force_meta():
+                inner = torch.arange(4)
+            again = torch.arange(4)
+        after = torch.arange(4)
+    assert not table.is_meta and not again.is_meta
+    assert inner.is_meta and after.is_meta
+    assert table.tolist() == [0, 1, 2, 3]
+
+
+def test_real_outside_forced_meta_is_harmless():
+    with real():
+        assert not torch.ones(1).is_meta
+
+
+def test_init_is_skipped_and_the_rng_is_untouched():
+    torch.manual_seed(0)
+    before = torch.get_rng_state()
+    with force_meta():
+        layer = nn.Linear(512, 512)
+        nn.init.trunc_normal_(layer.weight, std=0.02)
+        nn.init.orthogonal_(layer.weight)
+        layer.weight.data.normal_()
+    assert torch.equal(before, torch.get_rng_state())
+    assert layer.weight.is_meta and layer.weight.requires_grad
+
+
+def test_values_read_during_a_build_come_from_shadows():
+    with force_meta() as mode:
+        net = reads_values()
+    assert net.rates.is_meta
+    assert torch.allclose(mode.value_of(net.rates), torch.linspace(0, 0.1, 4))
+
+
+def test_constructed_buffer_values_are_kept_for_non_persistent_buffers():
+    with force_meta() as mode:
+        net = TiedNet(vocab=5)
+    assert net.positions.is_meta
+    assert mode.value_of(net.positions).tolist() == [0, 1, 2, 3, 4]
+    assert mode.value_of(net.embed.weight) is None  # random values are never shadowed
+
+
+def test_data_dependent_shapes_are_answered_from_shadows():
+    with force_meta():
+        values = torch.tensor([3, 1, 3, 2])
+        unique = torch.unique(values)
+    assert unique.is_meta and unique.shape == (3,)
+
+
+def test_metadata_changing_inplace_ops_still_run():
+    with force_meta():
+        t = torch.empty(2, 3)
+        t.unsqueeze_(0)
+        p = nn.Parameter(torch.empty(4))
+        p.requires_grad_(False)
+    assert t.shape == (1, 2, 3)
+    assert not p.requires_grad

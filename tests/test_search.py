@@ -1,0 +1,557 @@
+"""zoo.search: the search language, its SQL, and its errors, against a real SQLite registry."""
+
+import fnmatch
+import functools
+import operator
+import random
+import re
+import subprocess
+import sys
+from datetime import datetime
+from fractions import Fraction
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
+from sqlalchemy import create_engine, func, select
+from sqlalchemy.dialects import sqlite
+from sqlalchemy.orm import Session
+
+from zoo.errors import SearchSyntaxError
+from zoo.registry.tables import Base, Model
+from zoo.search import (
+    FIELDS, MAX_COMPARISONS, MAX_DEPTH, MAX_LENGTH, And, Compare, F, Not, Or, compile_search, parse, sort_clause,
+)
+
+REPO = Path(__file__).resolve().parents[1]
+STRING_FIELDS = ["name", "short", "family", "builder", "arch", "task", "status", "dtype"]
+NUMBER_FIELDS = ["params", "trainable", "buffers", "tensors", "bytes", "param_bytes", "buffer_bytes"]
+KEYWORDS = ("and", "or", "not")
+BARE = re.compile(r"[A-Za-z0-9_.\-/*?:+@]+")  # the grammar's bare-word characters, restated
+
+# Values chosen to hit LIKE's special characters, quotes, case and non-ASCII case folding.
+WORDS = [
+    "resnet50", "vit_base_patch16_224", "ViT-Large", "gpt2", "bert base", "50%off", "50Xoff", "under_score",
+    "underXscore", "it's", 'say "hi"', "Straße", "ÄÖÜ", "äöü", "x?y*z", "[ab]", "back\\slash", "1x", "7B", "#",
+]
+SPECIAL_NUMBERS = [0, 1, 1000, 7_000_000_000, 350_000_000, 1_610_612_736, 500_000_000, 2**40, 10**12]
+
+
+def _make_rows(n: int = 300) -> list[dict]:
+    rng = random.Random(20240601)
+    rows = []
+    for i in range(n):
+        family = rng.choice(["timm", "hf", "torchvision", "Custom", "diffusers"])
+        short = rng.choice(WORDS) + (str(i) if rng.random() < 0.4 else "")
+        ok = rng.random() < 0.85
+
+        def number():
+            if not ok or rng.random() < 0.1:
+                return None
+            return rng.choice(SPECIAL_NUMBERS) if rng.random() < 0.3 else int(10 ** rng.uniform(0, 12))
+
+        rows.append({
+            "name": f"{family}/{short}#{i}",
+            "short": short,
+            "family": family,
+            "builder": rng.choice(["timm:create_model", "pkg.mod:fn", "C:\\models\\m.py", rng.choice(WORDS)]),
+            "arch": rng.choice([None, "timm.models.resnet.ResNet", "VisionTransformer", "GPT2LMHeadModel", "Ünet",
+                                "a_b%c", "back\\slash", "1x"]),
+            "task": rng.choice([None, "image-classification", "text-generation", "Fill-Mask", "object detection",
+                                "it's"]),
+            "status": "ok" if ok else "error",
+            "dtype": rng.choice([None, "float32", "bfloat16", "Float16"]) if ok else None,
+            **{f: number() for f in NUMBER_FIELDS},
+        })
+    return rows
+
+
+ROWS = _make_rows()
+ROW_VALUES = {f: sorted({r[f] for r in ROWS if r[f] is not None}, key=str) for f in FIELDS}
+
+
+@pytest.fixture(scope="module")
+def engine(tmp_path_factory):
+    engine = create_engine(f"sqlite:///{tmp_path_factory.mktemp('search') / 'registry.db'}")
+    Base.metadata.create_all(engine)
+    with Session(engine) as session:
+        session.add_all(Model(**r, source_hash="0" * 64, indexed_at=datetime(2024, 1, 1)) for r in ROWS)
+        session.commit()
+    yield engine
+    engine.dispose()
+
+
+def names(engine, expr) -> set[str]:
+    with engine.connect() as conn:
+        return set(conn.scalars(select(Model.name).where(compile_search(expr))))
+
+
+def where(pred) -> set[str]:
+    return {r["name"] for r in ROWS if pred(r)}
+
+
+def defined(field, pred):
+    return lambda r: r[field] is not None and pred(r[field])
+
+
+# ---- a reference evaluator, independent of zoo.search: nodes are tuples ----
+
+ASCII_LOWER = str.maketrans("ABCDEFGHIJKLMNOPQRSTUVWXYZ", "abcdefghijklmnopqrstuvwxyz")
+PY_OPS = {"<": operator.lt, "<=": operator.le, ">": operator.gt, ">=": operator.ge, "=": operator.eq,
+          "==": operator.eq, "!=": operator.ne}
+
+
+def matches(node, row) -> bool:
+    """Two-valued: a comparison on a missing value is false; glob is fnmatch folding ASCII case only."""
+    kind = node[0]
+    if kind == "not":
+        return not matches(node[1], row)
+    if kind == "and":
+        return all(matches(c, row) for c in node[1])
+    if kind == "or":
+        return any(matches(c, row) for c in node[1])
+    _, field, op, value, _text = node
+    v = row[field]
+    if v is None:
+        return False
+    if op == "~":
+        return fnmatch.fnmatchcase(v.translate(ASCII_LOWER), value.translate(ASCII_LOWER))
+    return PY_OPS[op](v, value)
+
+
+def to_f(node):
+    """The same search built with F."""
+    kind = node[0]
+    if kind == "not":
+        return ~to_f(node[1])
+    if kind in ("and", "or"):
+        return functools.reduce(operator.and_ if kind == "and" else operator.or_, map(to_f, node[1]))
+    _, field, op, value, _text = node
+    if isinstance(value, Fraction):
+        value = int(value) if value.denominator == 1 else float(value)
+    col = getattr(F, field)
+    return col.glob(value) if op == "~" else PY_OPS[op](col, value)
+
+
+SUFFIXES = {"": 1, "k": 10**3, "K": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "B": 10**9, "kB": 10**3,
+            "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30,
+            "TiB": 2**40}
+
+
+@st.composite
+def number_values(draw, field):
+    """(text as written, exact value)."""
+    style = draw(st.sampled_from(["row", "plain", "underscore", "suffix", "exp"]))
+    if style == "row":
+        v = draw(st.sampled_from(ROW_VALUES[field]))
+        return str(v), Fraction(v)
+    if style == "plain":
+        v = draw(st.integers(-10, 10**13))
+        return str(v), Fraction(v)
+    if style == "underscore":
+        v = draw(st.integers(0, 10**13))
+        return f"{v:_}", Fraction(v)
+    if style == "suffix":
+        mantissa = f"{draw(st.integers(0, 999))}{draw(st.sampled_from(['', '.5', '.25', '.1', '.75', '.']))}"
+        suffix = draw(st.sampled_from(sorted(SUFFIXES)))
+        return mantissa + suffix, Fraction(mantissa.rstrip(".")) * SUFFIXES[suffix]
+    m, e = draw(st.integers(1, 99)), draw(st.integers(-3, 11))
+    return f"{m}{draw(st.sampled_from('eE'))}{e}", Fraction(m) * Fraction(10) ** e
+
+
+TEXT = st.text(st.characters(exclude_categories=("Cs",), exclude_characters="\x00"), max_size=8)
+
+
+# LIKE's own wildcards and escape character must match only themselves.
+TRICKY_GLOBS = ["*_*", "*%*", "*\\*", "under_score*", "50%off*", "*a_b%c*", "*'*", "x?y*z*", "*.*", "_*", "%"]
+
+
+@st.composite
+def globs(draw, field):
+    if draw(st.integers(0, 3)) == 0:
+        return draw(st.sampled_from(TRICKY_GLOBS))
+    base = draw(st.one_of(st.sampled_from(ROW_VALUES[field]), TEXT))
+    edits = draw(st.lists(st.sampled_from("kkkkk*?uU"), min_size=len(base), max_size=len(base)))
+    out = []
+    for c, e in zip(base, edits):
+        out.append({"k": c, "*": "*", "?": "?", "u": c.upper(), "U": c.swapcase()}[e])
+    pattern = draw(st.sampled_from(["", "*"])) + "".join(out) + draw(st.sampled_from(["", "*"]))
+    return pattern.replace("[", "?")
+
+
+@st.composite
+def comparisons(draw):
+    field = draw(st.sampled_from(sorted(FIELDS)))
+    if field in NUMBER_FIELDS:
+        text, value = draw(number_values(field))
+        return ("cmp", field, draw(st.sampled_from(sorted(PY_OPS))), value, text)
+    op = draw(st.sampled_from(sorted(PY_OPS) + ["~", "~", "~"]))
+    if op == "~":
+        value = draw(globs(field))
+    else:
+        value = draw(st.one_of(st.sampled_from(ROW_VALUES[field]), TEXT, st.sampled_from(["7B", "1x", "and", "OR"])))
+    return ("cmp", field, op, value, value)
+
+
+trees = st.recursive(
+    comparisons(),
+    lambda kids: st.one_of(
+        st.tuples(st.just("not"), kids),
+        st.tuples(st.sampled_from(["and", "or"]), st.lists(kids, min_size=2, max_size=4)),
+    ),
+    max_leaves=10,
+)
+
+
+def depth(node) -> int:
+    if node[0] == "cmp":
+        return 0
+    kids = [node[1]] if node[0] == "not" else node[1]
+    return 2 + max(map(depth, kids))  # a `not` or a paren per level, and maybe a redundant paren
+
+
+def quote(s: str, q: str) -> str:
+    return q + s.replace("\\", "\\\\").replace(q, "\\" + q) + q
+
+
+def render(draw, node, context="top") -> str:
+    """Search text for a node, with random spacing, keyword/field case and quoting."""
+    space = lambda: draw(st.sampled_from(["", " ", "  ", "\t"]))  # noqa: E731
+    gap = lambda: draw(st.sampled_from([" ", "  ", "\n"]))  # noqa: E731 - needed between words
+    word = lambda w: draw(st.sampled_from([w.lower(), w.upper(), w.capitalize()]))  # noqa: E731
+    kind = node[0]
+    if kind == "cmp":
+        _, field, op, value, text = node
+        bare_ok = bool(BARE.fullmatch(text)) and text.lower() not in KEYWORDS
+        if not bare_ok or draw(st.integers(0, 4)) == 0:
+            text = quote(text, draw(st.sampled_from("'\"")))
+        s = word(field) + space() + op + space() + text
+    elif kind == "not":
+        s = word("not") + gap() + render(draw, node[1], "not")
+    else:
+        s = render(draw, node[1][0], kind)
+        for child in node[1][1:]:
+            s += gap() + word(kind) + gap() + render(draw, child, kind)
+    needed = (kind == "or" and context in ("and", "not")) or (kind == "and" and context == "not")
+    if needed or draw(st.integers(0, 9)) == 0:
+        s = "(" + space() + s + space() + ")"
+    return s
+
+
+# ---- examples ----
+
+@pytest.mark.parametrize("text, value", [
+    ("7B", 7_000_000_000), ("350M", 350_000_000), ("1.5GiB", 1_610_612_736), ("500MB", 500_000_000),
+    ("7e9", 7_000_000_000), ("1_000", 1000), ("1.5e-3", 0.0015), ("2k", 2000), ("2K", 2000), ("1KiB", 1024),
+    ("3TB", 3 * 10**12), ("1T", 10**12), ("1G", 10**9), ("2TiB", 2 * 2**40), ("0.1K", 100), ("-5", -5),
+    ("1.0", 1), ("+3", 3), (".5", 0.5), ("1E3", 1000), ("1_000.000_1", 1000.0001), ("1e20", 1e20),
+])
+def test_numbers(text, value):
+    compare = parse(f"params<{text}")
+    assert compare == Compare("params", "<", value)
+    assert type(compare.value) is type(value)
+
+
+@pytest.mark.parametrize("text", ["name=resnet50", "arch=1x", "name=7B", "name=1_000", "short=1.5GiB"])
+def test_string_fields_take_number_looking_words_as_written(text):
+    field, value = text.split("=")
+    assert parse(text) == Compare(field, "=", value)
+
+
+def test_suffixes_select_the_right_rows(engine):
+    assert names(engine, "params = 7B") == where(defined("params", lambda v: v == 7 * 10**9))
+    assert names(engine, "params=7B") != set()
+    assert names(engine, "bytes == 1.5GiB") == where(defined("bytes", lambda v: v == 1_610_612_736)) != set()
+    assert names(engine, "params < 350M") == where(defined("params", lambda v: v < 350_000_000))
+    assert names(engine, "bytes >= 500MB") == where(defined("bytes", lambda v: v >= 500_000_000))
+    assert names(engine, "params > 1_000") == where(defined("params", lambda v: v > 1000))
+    assert names(engine, "params <= 7e9") == where(defined("params", lambda v: v <= 7e9))
+
+
+def test_precedence_and_parentheses(engine):
+    fam = lambda *fs: lambda r: r["family"] in fs  # noqa: E731
+    small = defined("params", lambda v: v < 10**6)
+    assert names(engine, "family=hf or family=timm and params<1M") == where(
+        lambda r: fam("hf")(r) or (fam("timm")(r) and small(r)))
+    assert names(engine, "(family=hf or family=timm) and params<1M") == where(
+        lambda r: fam("hf", "timm")(r) and small(r))
+    assert names(engine, "not family=hf and params<1M") == where(lambda r: not fam("hf")(r) and small(r))
+    assert names(engine, "not (family=hf and params<1M)") == where(lambda r: not (fam("hf")(r) and small(r)))
+    assert parse("family=hf or family=timm and params<1M") == Or((
+        Compare("family", "=", "hf"), And((Compare("family", "=", "timm"), Compare("params", "<", 10**6)))))
+
+
+def test_null_semantics_are_two_valued(engine):
+    assert names(engine, "task = text-generation") == where(lambda r: r["task"] == "text-generation")
+    assert names(engine, "not task = text-generation") == where(lambda r: r["task"] != "text-generation")
+    assert names(engine, "task != text-generation") == where(
+        lambda r: r["task"] is not None and r["task"] != "text-generation")
+    assert names(engine, "not params < 1M") == where(lambda r: r["params"] is None or r["params"] >= 10**6)
+    # the clause itself is two-valued, so a caller's own NOT keeps the rows without a task too
+    with engine.connect() as conn:
+        negated = set(conn.scalars(select(Model.name).where(~compile_search("task=text-generation"))))
+    assert negated == names(engine, "not task = text-generation")
+
+
+def test_glob(engine):
+    assert names(engine, "short~*vit*") == where(lambda r: "vit" in r["short"].lower())
+    assert names(engine, "short ~ *VIT*") == names(engine, "short~*vit*") != set()
+    assert names(engine, "short~'50%off*'") == where(lambda r: r["short"].startswith("50%off"))
+    assert names(engine, "short~under_score") == where(lambda r: r["short"] == "under_score")
+    assert names(engine, "short~under?score") == where(lambda r: r["short"] in ("under_score", "underXscore"))
+    assert names(engine, "short~'back\\slash*'") == where(lambda r: r["short"].startswith("back\\slash"))
+    # ASCII case only: Ä and ä are different letters to SQLite
+    assert names(engine, "short~'ÄÖÜ*'") == where(lambda r: r["short"].startswith("ÄÖÜ"))
+    assert names(engine, "arch~*.resnet.*") == where(lambda r: r["arch"] is not None and ".resnet." in r["arch"])
+    assert names(engine, "name~timm/*") == where(lambda r: r["name"].startswith("timm/"))
+
+
+def test_equality_is_exact(engine):
+    assert names(engine, "short=ViT-Large") == where(lambda r: r["short"] == "ViT-Large") != set()
+    assert names(engine, "short=vit-large") == set()
+    assert names(engine, "family=custom") == set() and names(engine, "family=Custom")
+
+
+def test_quoted_strings(engine):
+    assert names(engine, "task='object detection'") == where(lambda r: r["task"] == "object detection") != set()
+    assert names(engine, "task=\"it's\"") == names(engine, "task='it\\'s'") == where(lambda r: r["task"] == "it's")
+    assert names(engine, "short~'say \\\"hi\\\"*'") == set()  # a backslash before the other quote stays
+    assert names(engine, 'short~"say \\"hi\\"*"') == where(lambda r: r["short"].startswith('say "hi"'))
+    assert parse("builder='C:\\models\\m.py'") == Compare("builder", "=", "C:\\models\\m.py")
+    assert parse("task = 'and'") == Compare("task", "=", "and")
+    assert parse('name=""') == Compare("name", "=", "")
+
+
+def test_not_equal(engine):
+    assert names(engine, "family != timm") == where(lambda r: r["family"] != "timm")
+    assert names(engine, "params != 7B") == where(defined("params", lambda v: v != 7 * 10**9))
+
+
+def test_keywords_and_fields_ignore_case(engine):
+    assert parse("PARAMS<1M AND Family=timm OR NOT Task=x") == parse("params<1M and family=timm or not task=x")
+    assert names(engine, "PARAMS<1M AnD Family=timm") == names(engine, "params<1M and family=timm") != set()
+
+
+def test_f_expressions_equal_string_expressions(engine):
+    assert (F.params < 7e9) == parse("params<7B")
+    assert F.name.glob("*vit*") == parse("name~*vit*")
+    assert ((F.params < 1e9) & (F.family == "timm")) == parse("params<1G and family=timm")
+    assert ((F.params < 1e9) | ~(F.family != "timm")) == parse("params<1G or not family!=timm")
+    assert (F.task >= "x") == parse("task>=x")
+    assert (F.params < "7B") == parse("params<7B")
+    assert (3 > F.params) == parse("params<3")
+    assert (F.PARAMS == 3) == parse("params==3")
+    e = (F.params < 1e9) & (F.family == "timm") & F.short.glob("*vit*")
+    assert isinstance(e, And) and len(e.items) == 3  # chains stay flat
+    assert names(engine, e) == names(engine, "params<1G and family=timm and short~*vit*")
+    assert str(e) == "params < 1000000000 and family = timm and short ~ *vit*"
+
+
+def test_f_errors():
+    with pytest.raises(AttributeError, match="fields are: name, short"):
+        F.nope  # noqa: B018
+    for bad in [lambda: F.params < "abc", lambda: F.params == True, lambda: F.name == 3,  # noqa: E712
+                lambda: F.params.glob("1*"), lambda: F.name.glob("[ab]"), lambda: F.params < float("nan"),
+                lambda: F.params < float("inf"), lambda: F.params < None]:
+        with pytest.raises(SearchSyntaxError):
+            bad()
+    with pytest.raises(TypeError):
+        bool(F.params < 3)
+    with pytest.raises(TypeError):
+        1 < F.params < 3  # noqa: B015
+    with pytest.raises(TypeError):
+        (F.params < 3) and (F.name == "x")  # noqa: B015
+    with pytest.raises(TypeError):
+        (F.params < 3) & 5  # noqa: B015
+
+
+def test_hand_built_expressions_are_bounded():
+    deep = F.params < 1
+    for _ in range(5000):
+        deep = ~deep
+    with pytest.raises(SearchSyntaxError, match="nested too deeply"):
+        compile_search(deep)
+    wide = functools.reduce(operator.or_, [F.params < i for i in range(MAX_COMPARISONS + 1)])
+    with pytest.raises(SearchSyntaxError, match="too many comparisons"):
+        compile_search(wide)
+    with pytest.raises(SearchSyntaxError, match="unknown field"):
+        compile_search(Compare("nope", "<", 1))
+    with pytest.raises(SearchSyntaxError, match="expected a number"):
+        compile_search(Compare("params", "<", "x"))
+
+
+def test_limits_that_parse_also_run(engine):
+    """The limits keep SQLite's parser stack and expression depth, and Python's recursion, in bounds."""
+    nested = "".join("task=a and (" if i % 2 else "params<3 or (" for i in range(MAX_DEPTH)) + "task=c"
+    nested += ")" * MAX_DEPTH
+    notted = "not (" * (MAX_DEPTH // 2) + "task=a" + ")" * (MAX_DEPTH // 2)
+    ands = " and ".join(["params<3"] * MAX_COMPARISONS)
+    ors = " or ".join([f"task={i}" for i in range(MAX_COMPARISONS)])
+    for text in [nested, notted, ands, ors, "not " * MAX_DEPTH + "params<3"]:
+        names(engine, text)
+        with engine.connect() as conn:  # also inside a caller's subquery
+            inner = select(Model.id).where(compile_search(text)).order_by(sort_clause("-params")).limit(5)
+            conn.execute(select(func.count()).select_from(inner.subquery())).scalar()
+
+
+def test_sql_is_parameterised(engine):
+    nasty = "it's'; DROP TABLE models; --"
+    clause = compile_search(f"name = {quote(nasty, chr(39))} or name ~ \"*O'Brien*\" or params = -7B")
+    compiled = select(Model.id).where(clause).compile(dialect=sqlite.dialect())
+    sql = str(compiled)
+    assert "it's" not in sql and "DROP" not in sql and "Brien" not in sql and "7000000000" not in sql
+    assert {nasty, "%O'Brien%", -7_000_000_000} <= set(compiled.params.values())
+    with engine.connect() as conn:
+        assert conn.scalars(select(Model.name).where(clause)).all() == []
+    assert len(names(engine, "name~*")) == len(ROWS)  # the table is still there
+
+
+def test_str_round_trips():
+    for text in ["params<7B and (family=timm or task='object detection')", "not task=x",
+                 "name~'*it\\'s*' or not (params>=1.5 and not dtype=float32)", "task=''", "task='and'"]:
+        e = parse(text)
+        assert parse(str(e)) == e
+
+
+def test_sort_clause(engine):
+    def ordered(spec):
+        with engine.connect() as conn:
+            return list(conn.scalars(select(Model.params).order_by(sort_clause(spec), Model.id)))
+
+    present = sorted(r["params"] for r in ROWS if r["params"] is not None)
+    missing = [None] * sum(r["params"] is None for r in ROWS)
+    assert ordered("params") == present + missing
+    assert ordered("-params") == present[::-1] + missing
+    assert ordered(" Params ") == present + missing
+    for spec, column in [("nope", 1), ("-nope", 2), ("", 1), ("-", 2)]:
+        with pytest.raises(SearchSyntaxError, match="fields are|one of") as err:
+            sort_clause(spec)
+        assert err.value.column == column
+
+
+# ---- errors ----
+
+@pytest.mark.parametrize("text, column, message", [
+    ("params<", 8, "expected a value after '<', got the end"),
+    ("params <> 3", 9, "expected a value after '<', got '>'"),
+    ("(params<3", 10, "expected ')' to close the '(' at column 1"),
+    ("params<3)", 9, "unexpected ')'"),
+    ("foo=1", 1, "unknown field 'foo'"),
+    ("params=abc", 8, "expected a number for params"),
+    ('params="abc"', 8, "expected a number for params"),
+    ("name~'[ab]*'", 6, "character classes"),
+    ("and", 1, "expected a comparison"),
+    ("params<3 and", 13, "expected a comparison"),
+    ("params<3 and or task=x", 14, "expected a comparison"),
+    ("", 1, "empty search"),
+    ("   ", 4, "empty search"),
+    ("params~3*", 7, "string fields only"),
+    ("name='abc", 6, "unterminated string"),
+    ("params<3 # x", 10, "unexpected character '#'"),
+    ("params ! 3", 8, "unexpected character '!'"),
+    ("task=and", 6, "quote it"),
+    ("params<1e999999", 8, "out of range"),
+    ("params<1e99999999999999999999999", 8, "out of range"),
+    ("params<1e-400", 8, "out of range"),
+    ("name=x params<3", 8, "expected 'and', 'or' or the end"),
+    ("()", 2, "expected a comparison"),
+    ("not", 4, "expected a comparison"),
+    ("params 3", 8, "expected an operator"),
+    ("params=(3)", 8, "expected a value"),
+    ("1_=3", 1, "unknown field"),
+    ("params<1__0", 8, "expected a number"),
+    ("params<1.5.5", 8, "expected a number"),
+    ("params<7b", 8, "expected a number"),  # lowercase b is not billions
+])
+def test_errors(text, column, message):
+    with pytest.raises(SearchSyntaxError) as err:
+        parse(text)
+    assert err.value.column == column, str(err.value)
+    assert message in str(err.value)
+    assert err.value.expression == text or not text.strip()
+    with pytest.raises(SearchSyntaxError):  # and compile_search says the same
+        compile_search(text)
+
+
+def test_unknown_field_lists_fields():
+    with pytest.raises(SearchSyntaxError) as err:
+        parse("foo=1")
+    assert all(f in str(err.value) for f in FIELDS)
+
+
+def test_fields_table():
+    assert FIELDS == {**dict.fromkeys(STRING_FIELDS, "string"), **dict.fromkeys(NUMBER_FIELDS, "number")}
+    assert all(hasattr(Model, f) for f in FIELDS)
+
+
+@pytest.mark.parametrize("text, column, message", [
+    ("(" * 10_000 + "params<3" + ")" * 10_000, MAX_LENGTH + 1, "search too long"),
+    ("x" * 1_000_000, MAX_LENGTH + 1, "search too long"),
+    ("(" * 4000 + "params<3" + ")" * 4000, MAX_DEPTH + 1, "nested too deeply"),
+    ("not " * 2400 + "params<3", 4 * MAX_DEPTH + 1, "nested too deeply"),
+    (" or ".join(["params<1"] * (MAX_COMPARISONS + 1)), 12 * MAX_COMPARISONS + 1, "too many comparisons"),
+])
+def test_limits(text, column, message):
+    with pytest.raises(SearchSyntaxError) as err:
+        parse(text)
+    assert err.value.column == column
+    assert message in str(err.value)
+    assert len(str(err.value)) < 3 * MAX_LENGTH  # never echoes a megabyte back
+
+
+# ---- properties ----
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.data())
+def test_sql_equals_reference(engine, data):
+    node = data.draw(trees)
+    assume(depth(node) < MAX_DEPTH)
+    text = data.draw(st.composite(lambda draw: render(draw, node))())
+    assert names(engine, text) == where(lambda r: matches(node, r)), text
+    parsed = parse(text)
+    assert parsed == to_f(node)
+    assert parse(str(parsed)) == parsed
+
+
+TOKENS = sorted(FIELDS) + ["NAME", "Params", "<", "<=", ">", ">=", "=", "==", "!=", "~", "!", "<>", "and", "OR",
+                           "Not", "(", ")", "((", "7B", "1.5GiB", "1e999999", "1e-999", "-5", "1_000", "1__0",
+                           "*vit*", "[ab]", "'x'", "'it\\'s'", '"a b"', "'unterminated", "\\", "abc", "#", "ü", "'['"]
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.one_of(st.text(max_size=60), st.lists(st.sampled_from(TOKENS), max_size=25).flatmap(
+    lambda toks: st.lists(st.sampled_from(["", " "]), min_size=len(toks), max_size=len(toks)).map(
+        lambda seps: "".join(s + t for s, t in zip(seps, toks))))))
+def test_any_text_parses_or_raises_search_syntax_error(engine, text):
+    try:
+        expr = parse(text)
+    except SearchSyntaxError as err:
+        assert 1 <= err.column <= len(text) + 1
+        return
+    assert parse(str(expr)) == expr
+    with engine.connect() as conn:
+        conn.execute(select(func.count()).select_from(Model).where(compile_search(expr))).scalar()
+
+
+def test_search_does_not_import_torch():
+    def run(code):
+        return subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
+
+    probe = run("import sys, zoo.registry.tables, zoo.errors; import zoo; print('torch' in sys.modules)")
+    if probe.returncode == 0 and probe.stdout.strip() == "True":
+        pytest.skip("importing the zoo package (zoo/__init__.py or zoo.registry) imports torch, not zoo.search")
+    code = (
+        "import sys, zoo.search\n"
+        "from zoo.search import compile_search, sort_clause\n"
+        "from sqlalchemy import create_engine, select\n"
+        "from zoo.registry.tables import Base, Model\n"
+        "engine = create_engine('sqlite://')\n"
+        "Base.metadata.create_all(engine)\n"
+        "with engine.connect() as conn:\n"
+        "    conn.execute(select(Model.id).where(compile_search('params<7B and name~*vit*'))"
+        ".order_by(sort_clause('-params'))).all()\n"
+        "assert 'torch' not in sys.modules, 'zoo.search imported torch'\n"
+    )
+    result = run(code)
+    assert result.returncode == 0, result.stderr
