@@ -1,0 +1,35 @@
+# Two commands: `make run` (the main job on the shipped registry.db) and `make test` (every test).
+# Both create .venv and install into it when it is missing or pyproject.toml changed.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: run test test-fast registry bench
+
+$(STAMP): pyproject.toml constraints.txt
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[test]'
+	touch $(STAMP)
+
+run: $(STAMP)
+	$(BIN)/zoo search "params<1e8 and name~'vit_*'" --sort -params --limit 10
+	$(BIN)/zoo show timm/resnet50
+	$(BIN)/python -c "import zoo, time; t = time.perf_counter(); m = zoo.get('timm/vit_large_patch16_224'); \
+	print(f'zoo.get: {type(m).__module__}.{type(m).__name__}, {sum(p.numel() for p in m.parameters()):,} params, devices {sorted({str(p.device) for p in m.parameters()})}, {time.perf_counter() - t:.2f} s')"
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q
+
+test-fast: $(STAMP)
+	$(BIN)/python -m pytest -q -m "not slow"
+
+# Rebuild the shipped registry: unchanged models are skipped, so only what changed is rebuilt.
+registry: $(STAMP)
+	$(BIN)/zoo --registry registry.db index timm -j 2
+	$(BIN)/zoo --registry registry.db index torchvision -j 2
+	$(BIN)/zoo --registry registry.db db compact
+
+bench: $(STAMP)
+	for script in bench/*.py; do $(BIN)/python $$script || exit 1; done

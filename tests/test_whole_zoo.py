@@ -1,0 +1,71 @@
+"""Every timm and torchvision model, built through zoo on meta, against its row and a plain build (slow)."""
+
+import gc
+
+import pytest
+import torch
+
+import zoo
+from tests.conftest import ROOT
+from zoo.families import family
+from zoo.inspection import inspect_module
+
+
+def plain_build(family_name: str, builder: str):
+    """The model built without zoo: on torch's meta device, or for real where meta alone cannot build it."""
+    if family_name == "timm":
+        import timm
+
+        make = lambda: timm.create_model(builder)  # noqa: E731
+    else:
+        from torchvision.models import get_model
+
+        make = lambda: get_model(builder, weights=None, **_no_backbone(builder))  # noqa: E731
+    try:
+        with torch.device("meta"):
+            return make()
+    except (NotImplementedError, RuntimeError):  # e.g. RegNet's torch.unique has no meta kernel
+        return make()
+
+
+def _no_backbone(builder: str) -> dict:
+    import inspect
+
+    from torchvision.models import get_model_builder
+
+    return {"weights_backbone": None} if "weights_backbone" in inspect.signature(get_model_builder(builder)).parameters else {}
+
+
+def _table(module) -> list:
+    return [(t.name, t.kind, t.persistent, t.shape, t.dtype, t.tied_to) for t in inspect_module(module).tensor_table]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family_name", ["timm", "torchvision"])
+def test_every_model_builds_through_zoo_and_matches_its_row(family_name):
+    shipped = zoo.connect(str(ROOT / "registry.db"))
+    failures: dict[str, str] = {}
+    builders = family(family_name).available()
+    for builder in builders:
+        name = f"{family_name}/{builder}"
+        try:
+            info = shipped.info(name, tensors=True)
+            if info.status != "ok":
+                failures[name] = f"recorded as failed: {info.error}"
+                continue
+            built = shipped.get(name)  # a zoo build on meta, checked against the row's tensor table
+            assert all(t.is_meta for t in [*built.parameters(), *built.buffers()])
+            reference = plain_build(family_name, builder)
+            expected = inspect_module(reference)
+            recorded = [(t.name, t.kind, t.persistent, t.shape, t.dtype, t.tied_to) for t in info.tensor_table]
+            assert recorded == _table(reference) == _table(built)
+            assert (info.params, info.trainable, info.buffers, info.tensors, info.bytes) == (
+                expected.params, expected.trainable, expected.buffers, expected.tensors, expected.bytes)
+            assert info.params == sum(p.numel() for p in reference.parameters())
+        except Exception as e:  # collected: the test lists every failure, it skips none
+            failures[name] = f"{type(e).__name__}: {str(e)[:300]}"
+        finally:
+            reference = built = None
+            gc.collect()
+    assert not failures, f"{len(failures)} of {len(builders)} {family_name} models failed:\n" + "\n".join(
+        f"  {n}: {e}" for n, e in sorted(failures.items()))
