@@ -35,3 +35,19 @@ def reads_values() -> nn.Module:
     net = nn.Sequential(*[nn.Linear(4, 4) for _ in rates])
     net.register_buffer("rates", torch.tensor(rates), persistent=False)
     return net
+
+
+def downloads() -> nn.Module:
+    """A builder that fetches weights while building, as torchvision's backbones do by default."""
+    net = nn.Linear(2, 2)
+    net.load_state_dict(torch.hub.load_state_dict_from_url("http://127.0.0.1:9/weights.pth"))
+    return net
+
+
+def hub_status() -> nn.Module:
+    """Records whether huggingface_hub is offline while it builds."""
+    from huggingface_hub import constants
+
+    net = nn.Linear(2, 2)
+    net.hub_offline = bool(constants.HF_HUB_OFFLINE)
+    return net

@@ -1,5 +1,6 @@
 """Forced-meta builds: explicit devices, real(), skipped init, values read while building."""
 
+import pytest
 import torch
 from torch import nn
 
@@ -84,3 +85,25 @@ def test_metadata_changing_inplace_ops_still_run():
         p.requires_grad_(False)
     assert t.shape == (1, 2, 3)
     assert not p.requires_grad
+
+
+def test_a_build_never_downloads():
+    import os
+
+    from zoo.build import build_meta
+    from zoo.errors import DownloadBlocked
+    from zoo.families import Recipe
+
+    with pytest.raises(DownloadBlocked, match="127.0.0.1:9"):
+        build_meta(Recipe("user", "tests.builders:downloads"), trusted={"tests"})
+    offline_before = os.environ.get("HF_HUB_OFFLINE")
+    assert build_meta(Recipe("user", "tests.builders:hub_status"), trusted={"tests"}).hub_offline
+    assert os.environ.get("HF_HUB_OFFLINE") == offline_before  # restored after the build
+
+
+def test_torchvision_builds_turn_backbone_weights_off():
+    from zoo.build import build_meta
+    from zoo.families import Recipe
+
+    m = build_meta(Recipe("torchvision", "fasterrcnn_mobilenet_v3_large_fpn"))
+    assert all(p.is_meta for p in m.parameters())

@@ -30,8 +30,30 @@ class Zoo:
         with db.session(self.url) as s:
             return store.search(s, expression, order_by, limit)
 
-    def get(self, name: str, **overrides):
-        """A fresh instance of the model's own class with every tensor on meta; overrides rebuild with those kwargs."""
+    def get(self, name: str, weights=None, device=None, dtype=None, dispatch: str = "now", **overrides):
+        """A fresh instance of the model's own class with every tensor on meta; overrides rebuild with
+        those kwargs. The module has .materialize(device, weights, ...) (see zoo.materialize).
+
+        With weights or device it is materialized at once; dispatch="lazy" defers that to the
+        module's first forward call.
+        """
+        module = self._get_meta(name, overrides)
+        if dispatch not in ("now", "lazy"):
+            raise ValueError(f"dispatch must be 'now' or 'lazy', not {dispatch!r}")
+        if weights is None and device is None:
+            return module
+        options = dict(device=device or "cpu", weights=weights, dtype=dtype)
+        if dispatch == "now":
+            return module.materialize(**options)
+
+        def on_first_call(mod, args, kwargs):
+            handle.remove()
+            mod.materialize(**options)
+
+        handle = module.register_forward_pre_hook(on_first_call, with_kwargs=True)
+        return module
+
+    def _get_meta(self, name: str, overrides: dict):
         from zoo import templates
         from zoo.build import build_meta
 
@@ -51,7 +73,25 @@ class Zoo:
                     _check_against_record(row.name, module, store.tensor_blob(s, row.id))
             return module
 
-        return templates.cached(key, build)
+        module = templates.cached(key, build)
+        _attach_materialize(module, recipe, self)
+        return module
+
+
+def _attach_materialize(module, recipe: Recipe, registry: "Zoo") -> None:
+    """Give a gotten module its recipe (to initialize or rebuild buffers) and a .materialize method."""
+    import types
+
+    from zoo.materialize import materialize
+
+    def bound(self, device="cpu", weights=None, dtype=None, strict=True, key_map=None, copy=True,
+              cast_non_persistent=False):
+        return materialize(self, device=device, weights=weights, dtype=dtype, strict=strict, key_map=key_map,
+                           copy=copy, cast_non_persistent=cast_non_persistent, recipe=recipe)
+
+    bound.__doc__ = materialize.__doc__
+    module.__dict__["_zoo_recipe"] = recipe
+    module.__dict__["materialize"] = types.MethodType(bound, module)
 
 
 def _check_against_record(name: str, module, recorded: bytes) -> None:

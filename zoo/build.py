@@ -43,19 +43,39 @@ def _hf_constants():
     return constants
 
 
-def build_meta(recipe: Recipe, trusted: set[str] | None = None):
-    """The module of `recipe` with every tensor on meta. The family vets the recipe before any import."""
-    from zoo.meta import force_meta
-
+def _vetted(recipe: Recipe, trusted: set[str] | None):
+    """The recipe's family, once it has vetted the builder; nothing of the builder is imported before."""
     fam = family(recipe.family)
     if trusted is not None and recipe.family == "user":
         fam.check(recipe.builder, recipe.kwargs, trusted=trusted)
     else:
         fam.check(recipe.builder, recipe.kwargs)
+    return fam
+
+
+def _run(recipe: Recipe, fam, context):
     try:
-        with no_downloads(), force_meta():
+        with no_downloads(), context:
             return fam.build(recipe.builder, dict(recipe.kwargs))
     except ZooError:
         raise
     except Exception as e:
         raise BuildFailed(f"{recipe.family}/{recipe.builder}: {type(e).__name__}: {e}") from e
+
+
+def build_meta(recipe: Recipe, trusted: set[str] | None = None, keep_all_values: bool = False):
+    """The module of `recipe` with every tensor on meta. Constructed values of small tensors ride
+    along (zoo.meta); keep_all_values keeps them at any size, for materialize's non-persistent buffers."""
+    import sys
+
+    from zoo.meta import SHADOW_LIMIT, force_meta
+
+    fam = _vetted(recipe, trusted)
+    return _run(recipe, fam, force_meta(sys.maxsize if keep_all_values else SHADOW_LIMIT))
+
+
+def build_real(recipe: Recipe, device):
+    """The model built eagerly, exactly as its own constructor builds it (init and RNG draws included)."""
+    import torch
+
+    return _run(recipe, _vetted(recipe, None), torch.device(device))

@@ -83,3 +83,22 @@ class RegistryDrift(ZooError, RuntimeError):
 
 class RegistryNotFound(ZooError, FileNotFoundError):
     """No registry database at the configured path."""
+
+
+class WeightsMismatch(ZooError, ValueError):
+    """A checkpoint's keys or shapes do not fit the module; the message names them."""
+
+    def __init__(self, missing=(), unexpected=(), misshaped=(), hint: str = ""):
+        self.missing, self.unexpected, self.misshaped = list(missing), list(unexpected), list(misshaped)
+        parts = []
+        for label, keys in (("missing", self.missing), ("unexpected", self.unexpected)):
+            if keys:
+                parts.append(f"{len(keys)} {label}: {_first(keys)}")
+        if self.misshaped:
+            shown = ", ".join(f"{k} (file {list(f)}, model {list(m)})" for k, f, m in self.misshaped[:5])
+            parts.append(f"{len(self.misshaped)} misshaped: {shown}{' ...' if len(self.misshaped) > 5 else ''}")
+        super().__init__("weights do not fit the model: " + "; ".join(parts) + (f". {hint}" if hint else ""))
+
+
+def _first(keys, n: int = 8) -> str:
+    return ", ".join(keys[:n]) + (f" ... ({len(keys) - n} more)" if len(keys) > n else "")

@@ -79,12 +79,36 @@ class ForceMeta(TorchFunctionMode):
             return self._with_shadows(func, args, kwargs)
         target = args[0] if args else next(iter(kwargs.values()), None)  # nn.init passes tensor=
         if metas and metas[0] is target and _writes_values(name):
-            _set_shadow(target, None)  # its value is no longer known
+            self._overwrite(func, name, target, args, kwargs)
             return target
         out = func(*args, **kwargs)
+        if func is _DATA_GET and out is not args[0]:
+            self._alias(args[0], out)
         if isinstance(out, torch.Tensor) and not out.is_meta and not isinstance(out, torch.nn.Parameter):
             out = self._forced(out)  # from_numpy, frombuffer and friends: forced, like the rest
         return out
+
+    def _overwrite(self, func, name, target, args, kwargs):
+        """A value write into a meta tensor with no known value: skipped, except that a write which
+        sets every element from known values (``zero_``, ``fill_``, ``copy_``) gives it one."""
+        others = [t for t in _tensors(args[1:], kwargs) if t.is_meta]
+        if (name not in _OVERWRITES or target._base is not None or target.numel() > self.shadow_limit
+                or any(_shadow(t) is None for t in others)):
+            _set_shadow(target, None)
+            return
+        value = torch.empty(target.shape, dtype=target.dtype)
+        func(value, *[_swap(a, self._real) for a in args[1:]], **{k: _swap(v, self._real) for k, v in kwargs.items()})
+        for alias in (target, target.__dict__.get(_ALIAS_OF)):
+            if alias is not None and alias.shape == target.shape and alias.dtype == target.dtype:
+                _set_shadow(alias, value)
+
+    def _alias(self, source, alias):
+        """``t.data`` is a new tensor object on t's storage: it shares t's shadow, and writes through it reach t."""
+        if source.is_meta:
+            shadow = _shadow(source)
+            if shadow is not None:
+                _set_shadow(alias, shadow)
+            alias.__dict__[_ALIAS_OF] = source
 
     def _forced(self, real_tensor):
         meta = real_tensor.to(META)
@@ -132,6 +156,10 @@ class ForceMeta(TorchFunctionMode):
         return value
 
 
+_ALIAS_OF = "_zoo_alias_of"
+_DATA_GET = torch.Tensor.data.__get__
+# In-place ops that set every element from their arguments alone.
+_OVERWRITES = frozenset({"zero_", "fill_", "copy_", "ones_", "zeros_", "constant_", "fill_diagonal_"})
 # A shadow rides on its meta tensor as an attribute: it dies with the tensor, and a weak
 # dictionary's callbacks were a tenth of a build's time.
 _SHADOW = "_zoo_value"

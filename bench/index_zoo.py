@@ -1,0 +1,197 @@
+"""Indexing the whole zoo with `zoo index FAMILY -j 2` vs building timm models the plain way (eager, with init).
+
+Measures, in one run:
+
+* zoo: `zoo index timm -j 2 -q --json` then `zoo index torchvision -j 2 -q --json` as subprocesses
+  into a fresh temp registry: wall time, models/s, and the failures they report. Their sum is
+  the whole-zoo time (target: under 150 s with -j 2).
+* plain: a serial eager build WITH init, `timm.create_model(name)` on CPU (no meta), of a seeded
+  random sample of K timm models (default 40), each after gc.collect(), timed with perf_counter;
+  the mean per model times the number of timm models is the extrapolated whole-timm time, and
+  plain/zoo is that over zoo's timm index wall time.
+
+Memory guard: a sampled model whose fp32 weights would exceed --max-gb (default a quarter of
+the available memory) is not built eagerly (a 7B model needs 28 GB); its time is estimated
+from its parameter count at the median seconds-per-parameter of the models that were built,
+and the count of such models is printed. Parameter counts come from a meta build, untimed.
+Numbers only, no assertions.
+
+Run:  .venv/bin/python bench/index_zoo.py [--jobs 2] [--sample 40] [--seed 0] [--families timm,torchvision]
+          [--max-gb G] [--keep] [--json]
+`--sample 0` skips the plain side.
+"""
+
+import argparse
+import gc
+import json
+import os
+import random
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import warnings
+from pathlib import Path
+
+TARGET_S = 150.0
+
+
+def available_gb() -> float:
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) / 2**20
+    except OSError:
+        pass
+    return 16.0
+
+
+def zoo_command() -> list[str]:
+    script = Path(sys.executable).parent / "zoo"
+    return [str(script)] if script.exists() else [sys.executable, "-m", "zoo.cli"]
+
+
+def index_family(registry: Path, family: str, jobs: int, log) -> dict:
+    cmd = [*zoo_command(), "--registry", str(registry), "index", family, "-j", str(jobs), "-q", "--json"]
+    log(f"  $ {' '.join(cmd)}")
+    env = {**os.environ, "PYTHONWARNINGS": "ignore"}
+    env.pop("ZOO_REGISTRY", None)
+    t = time.perf_counter()
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    wall = time.perf_counter() - t
+    try:
+        out = json.loads(proc.stdout)
+    except json.JSONDecodeError:
+        out = {"indexed": 0, "unchanged": 0, "failed": {}}
+        log(f"  WARNING: no JSON from zoo index {family} (exit {proc.returncode}): {proc.stderr.strip()[-500:]}")
+    n = out["indexed"] + out["unchanged"] + len(out["failed"])
+    return {"family": family, "wall_s": wall, "rc": proc.returncode, "models": n, "indexed": out["indexed"],
+            "unchanged": out["unchanged"], "failed": len(out["failed"]), "failed_names": sorted(out["failed"]),
+            "models_per_s": n / wall if wall else 0.0}
+
+
+def plain_sample(k: int, seed: int, max_gb: float, log) -> dict:
+    import timm
+    import torch
+
+    names = timm.list_models()
+    sample = random.Random(seed).sample(names, min(k, len(names)))
+    built, skipped, failed = [], [], []
+    for i, name in enumerate(sample):
+        try:
+            with torch.device("meta"):  # untimed: the parameter count, for the memory guard
+                params = sum(p.numel() for p in timm.create_model(name).parameters())
+        except Exception as e:
+            failed.append({"model": name, "error": f"{type(e).__name__}: {e}"[:200]})
+            continue
+        if params * 4 / 2**30 > max_gb:
+            skipped.append({"model": name, "params": params})
+            log(f"  [{i + 1}/{len(sample)}] {name}: {params / 1e9:.1f}B params, over --max-gb {max_gb:.1f}: estimated")
+            continue
+        gc.collect()
+        try:
+            t = time.perf_counter()
+            m = timm.create_model(name)
+            s = time.perf_counter() - t
+        except Exception as e:
+            failed.append({"model": name, "error": f"{type(e).__name__}: {e}"[:200]})
+            continue
+        m = None  # noqa: F841
+        built.append({"model": name, "params": params, "s": s})
+        log(f"  [{i + 1}/{len(sample)}] {name}: {s:.2f} s ({params / 1e6:.1f}M params)")
+    rate = statistics.median(b["s"] / b["params"] for b in built if b["params"]) if built else 0.0
+    for sk in skipped:
+        sk["s_estimated"] = sk["params"] * rate
+    times = [b["s"] for b in built] + [sk["s_estimated"] for sk in skipped]
+    mean = statistics.fmean(times) if times else 0.0
+    return {"timm_models": len(names), "sample": len(sample), "seed": seed, "built": built, "skipped": skipped,
+            "failed": failed, "mean_s": mean, "mean_built_only_s": statistics.fmean(b["s"] for b in built) if built else 0.0,
+            "median_s": statistics.median(times) if times else 0.0, "extrapolated_s": mean * len(names),
+            "measured_s": sum(b["s"] for b in built), "torch_threads": torch.get_num_threads()}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--jobs", "-j", type=int, default=2, help="zoo index worker processes (default 2)")
+    ap.add_argument("--sample", type=int, default=40, help="timm models to build eagerly (default 40; 0: skip)")
+    ap.add_argument("--seed", type=int, default=0, help="sample seed (default 0)")
+    ap.add_argument("--families", default="timm,torchvision", help="families to index (default: timm,torchvision)")
+    ap.add_argument("--max-gb", type=float, default=None,
+                    help="largest fp32 model to build eagerly, GB (default: a quarter of available memory)")
+    ap.add_argument("--keep", action="store_true", help="keep the temp registry")
+    ap.add_argument("--json", action="store_true", help="print the numbers as JSON")
+    args = ap.parse_args()
+    log = (lambda *a: print(*a, file=sys.stderr, flush=True)) if args.json else (lambda *a: print(*a, flush=True))
+    families = [f.strip() for f in args.families.split(",") if f.strip()]
+    max_gb = args.max_gb if args.max_gb is not None else available_gb() / 4
+
+    warnings.simplefilter("ignore")
+    tmp = Path(tempfile.mkdtemp(prefix="zoo_bench_index_"))
+    registry = tmp / "registry.db"
+    result = {"jobs": args.jobs, "families": families, "registry": str(registry), "cpus": os.cpu_count()}
+    try:
+        log(f"zoo index into fresh {registry} (-j {args.jobs})")
+        result["zoo"] = [index_family(registry, f, args.jobs, log) for f in families]
+        result["zoo_total_s"] = sum(r["wall_s"] for r in result["zoo"])
+        result["zoo_total_models"] = sum(r["models"] for r in result["zoo"])
+        result["registry_bytes"] = sum(p.stat().st_size for p in tmp.iterdir())
+        if args.sample > 0:
+            log(f"plain: eager timm.create_model with init, {args.sample} sampled models (seed {args.seed}), serial")
+            result["plain"] = plain_sample(args.sample, args.seed, max_gb, log)
+    finally:
+        if args.keep:
+            log(f"kept {registry}")
+        else:
+            shutil.rmtree(tmp, ignore_errors=True)
+    result["target_s"] = TARGET_S
+    result["meets_target"] = result["zoo_total_s"] < TARGET_S
+    zt = next((r for r in result["zoo"] if r["family"] == "timm"), None)
+    if "plain" in result and zt:
+        result["ratio_plain_over_zoo_timm"] = result["plain"]["extrapolated_s"] / zt["wall_s"]
+    if args.json:
+        print(json.dumps(result, indent=1))
+        return 0
+
+    print(f"\nzoo index, fresh registry, -j {args.jobs} ({os.cpu_count()} CPUs)")
+    rows = [["family", "models", "indexed", "failed", "wall s", "models/s"]]
+    for r in result["zoo"]:
+        rows.append([r["family"], str(r["models"]), str(r["indexed"]), str(r["failed"]), f"{r['wall_s']:.1f}",
+                     f"{r['models_per_s']:.1f}"])
+    rows.append(["whole zoo", str(result["zoo_total_models"]), "", "", f"{result['zoo_total_s']:.1f}",
+                 f"{result['zoo_total_models'] / result['zoo_total_s']:.1f}"])
+    widths = [max(len(r[c]) for r in rows) for c in range(len(rows[0]))]
+    for i, r in enumerate(rows):
+        print("  ".join(c.ljust(w) if j == 0 else c.rjust(w) for j, (c, w) in enumerate(zip(r, widths))))
+        if i == 0:
+            print("  ".join("-" * w for w in widths))
+    for r in result["zoo"]:
+        if r["failed"]:
+            print(f"  {r['family']} failed: {', '.join(r['failed_names'][:10])}{' ...' if r['failed'] > 10 else ''}")
+    print(f"registry size: {result['registry_bytes'] / 2**20:.1f} MiB")
+    if "plain" in result:
+        p = result["plain"]
+        print(f"\nplain: serial eager timm.create_model (init, CPU, {p['torch_threads']} torch threads), "
+              f"{p['sample']} models sampled with seed {p['seed']}")
+        print(f"  built {len(p['built'])} in {p['measured_s']:.1f} s; mean {p['mean_s']:.2f} s/model "
+              f"(built only {p['mean_built_only_s']:.2f}), median {p['median_s']:.2f} s")
+        if p["skipped"]:
+            print(f"  {len(p['skipped'])} over --max-gb {max_gb:.1f}, time estimated from params: "
+                  + ", ".join(f"{s['model']} ~{s['s_estimated']:.1f} s" for s in p["skipped"]))
+        if p["failed"]:
+            print(f"  {len(p['failed'])} failed to build: " + ", ".join(f["model"] for f in p["failed"]))
+        slow = sorted(p["built"], key=lambda b: -b["s"])[:3]
+        print("  slowest: " + ", ".join(f"{b['model']} {b['s']:.1f} s" for b in slow))
+        print(f"  extrapolated to all {p['timm_models']} timm models: {p['extrapolated_s']:.0f} s "
+              f"({p['extrapolated_s'] / 60:.1f} min)")
+        if zt:
+            print(f"ratio plain/zoo (timm): {result['ratio_plain_over_zoo_timm']:.1f}x "
+                  f"({p['extrapolated_s']:.0f} s extrapolated vs {zt['wall_s']:.1f} s)")
+    print(f"target: whole zoo under {TARGET_S:.0f} s with -j {args.jobs} -> "
+          f"{'met' if result['meets_target'] else 'NOT met'} ({result['zoo_total_s']:.1f} s)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

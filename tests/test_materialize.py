@@ -1,0 +1,304 @@
+"""materialize: exact round trips, every weight format, key maps, dtype, strictness, atomic failure, init."""
+
+import json
+import os
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+import zoo
+from zoo.errors import CheckpointError, WeightsMismatch
+
+ROUND_TRIP = ["timm/resnet18", "timm/swin_tiny_patch4_window7_224", "timm/vit_tiny_patch16_224",
+              "torchvision/mobilenet_v3_small", "torchvision/resnet18", "user/tied"]
+
+
+def eager_model(name: str, seed: int = 0):
+    """The model as its library builds it, for real, under a seed."""
+    family, builder = name.split("/", 1)
+    torch.manual_seed(seed)
+    if family == "timm":
+        import timm
+
+        return timm.create_model(builder)
+    if family == "torchvision":
+        from torchvision.models import get_model
+
+        return get_model(builder, weights=None)
+    from tests.builders import tied_net
+
+    return tied_net()
+
+
+def example_input(name: str):
+    if name == "user/tied":
+        return torch.randint(0, 32, (2, 5))
+    info = zoo.info(name)
+    return torch.randn(2, *(info.input_size or (3, 224, 224)))
+
+
+def save(tmp_path, model, name="w.safetensors") -> str:
+    path = tmp_path / name
+    state = {k: v.contiguous() for k, v in model.state_dict().items()}
+    if "head.weight" in state and state["head.weight"].data_ptr() == state.get("embed.weight", torch.empty(0)).data_ptr():
+        del state["head.weight"]  # safetensors stores a shared tensor once, as save_pretrained does
+    save_file(state, str(path))
+    return str(path)
+
+
+def assert_same_model(got, eager, name):
+    got_state, eager_state = got.state_dict(), eager.state_dict()
+    assert got_state.keys() == eager_state.keys()
+    for k in eager_state:
+        assert got_state[k].dtype == eager_state[k].dtype and torch.equal(got_state[k], eager_state[k]), k
+    for (k, a), (_, b) in zip(eager.named_buffers(), got.named_buffers()):
+        assert torch.equal(a, b), f"buffer {k}"
+    eager.eval(), got.eval()
+    x = example_input(name)
+    with torch.no_grad():
+        assert torch.equal(got(x), eager(x))
+
+
+@pytest.mark.parametrize("name", ROUND_TRIP)
+def test_round_trip_is_bit_exact(zoo_at, tmp_path, name):
+    eager = eager_model(name)
+    path = save(tmp_path, eager)
+    m = zoo_at.get(name)
+    params_before = [id(p) for p in m.parameters()]
+    assert m.materialize(device="cpu", weights=path) is m
+    assert [id(p) for p in m.parameters()] == params_before  # identity kept: hooks and optimizers hold them
+    assert all(not t.is_meta for t in [*m.parameters(), *m.buffers()])
+    assert_same_model(m, eager, name)
+
+
+@pytest.mark.parametrize("name", ROUND_TRIP)
+def test_no_weights_initializes_as_the_constructor_does(zoo_at, name):
+    eager = eager_model(name, seed=7)
+    torch.manual_seed(7)
+    m = zoo_at.get(name).materialize()
+    assert_same_model(m, eager, name)
+
+
+def test_ties_stay_one_parameter_loaded_once(zoo_at, tmp_path):
+    eager = eager_model("user/tied")
+    m = zoo_at.get("user/tied").materialize(weights=save(tmp_path, eager))
+    assert m.head.weight is m.embed.weight
+    assert torch.equal(m.head.weight, eager.embed.weight)
+    assert len(list(m.parameters())) == len(list(eager.parameters()))
+
+
+def test_formats_pickles_shards_and_state_dicts(zoo_at, tmp_path):
+    from huggingface_hub import split_torch_state_dict_into_shards
+
+    eager = eager_model("timm/resnet18")
+    state = {k: v.contiguous() for k, v in eager.state_dict().items()}
+    for suffix in (".pt", ".pth", ".bin"):
+        torch.save(state, tmp_path / f"w{suffix}")
+    torch.save({"state_dict": state, "epoch": 3}, tmp_path / "trainer.ckpt")
+    sharded = tmp_path / "sharded"
+    sharded.mkdir()
+    split = split_torch_state_dict_into_shards(state, max_shard_size="5MB")
+    for filename, keys in split.filename_to_tensors.items():
+        save_file({k: state[k] for k in keys}, str(sharded / filename))
+    index = sharded / "model.safetensors.index.json"
+    index.write_text(json.dumps({"metadata": {}, "weight_map": split.tensor_to_filename}))
+    assert len(split.filename_to_tensors) > 2
+    for weights in [*(tmp_path / f"w{s}" for s in (".pt", ".pth", ".bin")), tmp_path / "trainer.ckpt",
+                    sharded, index, state]:
+        m = zoo_at.get("timm/resnet18").materialize(weights=weights)
+        assert_same_model(m, eager, "timm/resnet18")
+
+
+def test_wrapper_prefixes_and_key_maps(zoo_at, tmp_path):
+    eager = eager_model("timm/resnet18")
+    state = eager.state_dict()
+    for prefix in ("module.", "model."):
+        m = zoo_at.get("timm/resnet18").materialize(weights={prefix + k: v for k, v in state.items()})
+        assert_same_model(m, eager, "timm/resnet18")
+    renamed = {k.replace("fc.", "classifier."): v for k, v in state.items()}
+    with pytest.raises(WeightsMismatch):
+        zoo_at.get("timm/resnet18").materialize(weights=renamed)
+    as_dict = {k: k.replace("classifier.", "fc.") for k in renamed}
+    m = zoo_at.get("timm/resnet18").materialize(weights=renamed, key_map=as_dict)
+    assert_same_model(m, eager, "timm/resnet18")
+    m = zoo_at.get("timm/resnet18").materialize(weights=renamed, key_map=lambda k: k.replace("classifier.", "fc."))
+    assert_same_model(m, eager, "timm/resnet18")
+
+
+def test_dtype_casts_parameters_and_float_buffers_only(zoo_at, tmp_path):
+    eager = eager_model("timm/swin_tiny_patch4_window7_224")
+    path = save(tmp_path, eager)
+    m = zoo_at.get("timm/swin_tiny_patch4_window7_224").materialize(weights=path, dtype=torch.bfloat16)
+    assert all(p.dtype == torch.bfloat16 for p in m.parameters())
+    for k, p in m.named_parameters():
+        assert torch.equal(p, eager.get_parameter(k).to(torch.bfloat16))
+    buffers = dict(m.named_buffers())
+    assert buffers["layers.0.blocks.0.attn.relative_position_index"].dtype == torch.int64
+    bn = zoo_at.get("timm/resnet18").materialize(weights=save(tmp_path, eager_model("timm/resnet18"), "r.safetensors"),
+                                                 dtype=torch.float16)
+    assert bn.bn1.running_mean.dtype == torch.float16 and bn.bn1.num_batches_tracked.dtype == torch.int64
+
+
+def test_float_non_persistent_buffers_are_cast_only_if_asked(zoo_at, tmp_path):
+    from tests.builders import reads_values
+    from zoo.materialize import materialize
+    from zoo.meta import force_meta
+
+    with force_meta():
+        net = reads_values()
+    state = {k: torch.randn(v.shape) for k, v in net.state_dict().items()}
+    materialize(net, weights=state, dtype=torch.bfloat16)
+    assert net.rates.dtype == torch.float32 and net[0].weight.dtype == torch.bfloat16
+    assert torch.allclose(net.rates, torch.linspace(0, 0.1, 4))
+    with force_meta():
+        net = reads_values()
+    materialize(net, weights=state, dtype=torch.bfloat16, cast_non_persistent=True)
+    assert net.rates.dtype == torch.bfloat16
+
+
+def _still_meta(m) -> bool:
+    return all(t.is_meta for t in [*m.parameters(), *m.buffers()])
+
+
+def test_strict_errors_name_the_keys_and_change_nothing(zoo_at):
+    state = eager_model("timm/resnet18").state_dict()
+    m = zoo_at.get("timm/resnet18")
+    missing = {k: v for k, v in state.items() if k != "fc.bias"}
+    with pytest.raises(WeightsMismatch, match="1 missing: fc.bias") as err:
+        m.materialize(weights=missing)
+    assert isinstance(err.value, ValueError) and err.value.missing == ["fc.bias"]
+    with pytest.raises(WeightsMismatch, match="unexpected: extra.weight"):
+        m.materialize(weights={**state, "extra.weight": torch.zeros(1)})
+    with pytest.raises(WeightsMismatch, match=r"misshaped: fc.weight \(file \[10, 512\], model \[1000, 512\]\)"):
+        m.materialize(weights={**state, "fc.weight": torch.zeros(10, 512)}, strict=False)
+    assert _still_meta(m)
+
+
+def test_strict_false_gives_missing_keys_the_constructors_values(zoo_at):
+    eager = eager_model("timm/resnet18", seed=3)
+    state = eager.state_dict()
+    torch.manual_seed(3)
+    m = zoo_at.get("timm/resnet18").materialize(weights={k: v for k, v in state.items() if not k.startswith("fc.")}
+                                                 | {"stray": torch.zeros(2)}, strict=False)
+    assert torch.equal(m.fc.weight, eager.fc.weight)  # the constructor under the same seed made both
+    assert torch.equal(m.conv1.weight, eager.conv1.weight)
+
+
+def test_a_truncated_file_leaves_the_module_on_meta(zoo_at, tmp_path):
+    path = save(tmp_path, eager_model("timm/resnet18"))
+    size = os.path.getsize(path)
+    with open(path, "r+b") as f:
+        f.truncate(size // 2)
+    m = zoo_at.get("timm/resnet18")
+    with pytest.raises(CheckpointError, match="outside the data"):
+        m.materialize(weights=path)
+    assert _still_meta(m)
+
+
+def test_a_shard_that_shrinks_mid_load_leaves_the_module_on_meta(zoo_at, tmp_path):
+    """The header was valid when opened; the data runs out while reading: nothing is swapped in."""
+    from zoo.materialize import materialize
+    from zoo.weights.sources import SafetensorsSource
+
+    path = save(tmp_path, eager_model("timm/resnet18"))
+    source = SafetensorsSource([tmp_path / "w.safetensors"])
+    os.truncate(path, os.path.getsize(path) // 2)
+    m = zoo_at.get("timm/resnet18")
+    with pytest.raises(CheckpointError, match="early"):
+        from zoo import materialize as mat
+
+        mat._load(mat.slots_of(m), source, torch.device("cpu"), None, True, None, True, False, None)
+    assert _still_meta(m)
+    with pytest.raises(CheckpointError):
+        materialize(m, weights=path)
+    assert _still_meta(m)
+
+
+def test_a_pickle_with_code_is_refused_and_never_runs(zoo_at, tmp_path):
+    marker = tmp_path / "ran"
+
+    class Payload:
+        def __reduce__(self):
+            return (os.system, (f"touch {marker}",))
+
+    path = tmp_path / "evil.pt"
+    torch.save({"fc.weight": Payload()}, path)
+    m = zoo_at.get("timm/resnet18")
+    with pytest.raises(CheckpointError, match="weights-only"):
+        m.materialize(weights=path)
+    assert not marker.exists() and _still_meta(m)
+
+
+@pytest.mark.parametrize("lie, message", [
+    ({"w": {"dtype": "F32", "shape": [4], "data_offsets": [0, 1 << 20]}}, "outside the data"),
+    ({"w": {"dtype": "F32", "shape": [4], "data_offsets": [0, 8]}}, "8 bytes for shape"),
+    ({"a": {"dtype": "F32", "shape": [4], "data_offsets": [0, 16]},
+      "b": {"dtype": "F32", "shape": [4], "data_offsets": [8, 24]}}, "overlap"),
+    ({"w": {"dtype": "F99", "shape": [4], "data_offsets": [0, 16]}}, "malformed"),
+    ({"w": {"dtype": "F32", "shape": [-4], "data_offsets": [0, 16]}}, "non-negative"),
+])
+def test_a_lying_safetensors_header_is_a_clear_error(tmp_path, lie, message):
+    import struct
+
+    from zoo.materialize import materialize
+    from zoo.meta import force_meta
+
+    header = json.dumps(lie).encode()
+    path = tmp_path / "lie.safetensors"
+    path.write_bytes(struct.pack("<Q", len(header)) + header + bytes(32))
+    with force_meta():
+        net = torch.nn.Linear(2, 2)
+    with pytest.raises(CheckpointError, match=message):
+        materialize(net, weights=path)
+    path.write_bytes(struct.pack("<Q", 1 << 40) + b"{}")
+    with pytest.raises(CheckpointError, match="exceeds the file"):
+        materialize(net, weights=path)
+    assert _still_meta(net)
+
+
+def test_zero_copy_views_of_the_mapped_file(zoo_at, tmp_path):
+    eager = eager_model("timm/resnet18")
+    path = save(tmp_path, eager)
+    before = open(path, "rb").read()
+    m = zoo_at.get("timm/resnet18").materialize(weights=path, copy=False)
+    assert_same_model(m, eager, "timm/resnet18")
+    with torch.no_grad():
+        m.fc.weight.zero_()  # copy-on-write: the file never changes
+    assert open(path, "rb").read() == before
+
+
+def test_lazy_dispatch_materializes_on_first_forward(zoo_at, tmp_path):
+    eager = eager_model("timm/resnet18")
+    m = zoo_at.get("timm/resnet18", weights=save(tmp_path, eager), dispatch="lazy")
+    assert _still_meta(m)
+    x = example_input("timm/resnet18")
+    m.eval(), eager.eval()
+    with torch.no_grad():
+        assert torch.equal(m(x), eager(x))
+    assert not _still_meta(m) and not m._forward_pre_hooks
+
+
+def test_get_with_weights_is_a_one_liner(zoo_at, tmp_path):
+    eager = eager_model("timm/vit_tiny_patch16_224")
+    m = zoo_at.get("timm/vit_tiny_patch16_224", weights=save(tmp_path, eager), device="cpu")
+    assert_same_model(m, eager, "timm/vit_tiny_patch16_224")
+
+
+def test_module_hooks_survive_materialize(zoo_at, tmp_path):
+    m = zoo_at.get("timm/resnet18")
+    seen = []
+    m.fc.register_forward_hook(lambda mod, args, out: seen.append(out.shape))
+    m.materialize(weights=save(tmp_path, eager_model("timm/resnet18")))
+    m(torch.randn(1, 3, 64, 64))
+    assert seen == [(1, 1000)]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_cuda_round_trip(zoo_at, tmp_path):
+    eager = eager_model("timm/resnet18")
+    m = zoo_at.get("timm/resnet18").materialize(device="cuda", weights=save(tmp_path, eager), dtype=torch.float16)
+    assert all(t.is_cuda for t in [*m.parameters(), *m.buffers()])
+    for k, v in eager.state_dict().items():
+        want = v.to(torch.float16) if v.is_floating_point() else v
+        assert torch.equal(m.state_dict()[k].cpu(), want), k

@@ -1,0 +1,295 @@
+"""Materialize a meta module in place: allocate on a device, fill from weights, or initialize as its constructor does.
+
+Nothing touches the module until every new tensor is filled: a corrupt file, a mismatch or an
+out-of-memory leaves it exactly as it was, on meta, and the new memory is freed.
+"""
+
+import mmap
+import os
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from zoo.errors import WeightsMismatch, ZooError
+from zoo.meta import _shadow
+from zoo.weights.sources import SafetensorsSource, Source, open_source
+
+WRAPPER_PREFIXES = ("module.", "model.", "_orig_mod.")  # DataParallel/DDP, Lightning, torch.compile
+_ALIGN = 64
+
+
+class MaterializeError(ZooError, RuntimeError):
+    """The module cannot be materialized as asked (no recipe to initialize from, a value nobody knows)."""
+
+
+@dataclass
+class Slot:
+    """One distinct tensor of a module and every name it goes by (ties)."""
+
+    names: list[str]
+    owners: list[tuple[nn.Module, str]]
+    tensor: torch.Tensor
+    is_param: bool
+    persistent: bool
+    new: torch.Tensor | None = field(default=None, repr=False)
+
+    @property
+    def name(self) -> str:
+        return self.names[0]
+
+
+def slots_of(module: nn.Module) -> list[Slot]:
+    by_id: dict[int, Slot] = {}
+    for prefix, mod in module.named_modules(remove_duplicate=False):
+        for attr, is_param in (("_parameters", True), ("_buffers", False)):
+            for local, t in getattr(mod, attr).items():
+                if t is None:
+                    continue
+                name = f"{prefix}.{local}" if prefix else local
+                slot = by_id.get(id(t))
+                if slot is None:
+                    persistent = is_param or local not in mod._non_persistent_buffers_set
+                    slot = by_id[id(t)] = Slot([], [], t, is_param, persistent)
+                if name not in slot.names:
+                    slot.names.append(name)
+                    slot.owners.append((mod, local))
+    return list(by_id.values())
+
+
+def materialize(module: nn.Module, device="cpu", weights=None, dtype: torch.dtype | None = None,
+                strict: bool = True, key_map=None, copy: bool = True, cast_non_persistent: bool = False,
+                recipe=None) -> nn.Module:
+    """Allocate `module`'s meta tensors on `device` and fill them, in place; returns module.
+
+    weights: a .safetensors file, a sharded checkpoint (directory or *.safetensors.index.json),
+    a torch pickle (.pt/.pth/.bin, read with weights_only=True and mmap=True) or a state dict.
+    None initializes the model as its own constructor does (needs the recipe zoo.get attaches).
+    dtype casts parameters and floating persistent buffers; integer buffers never, floating
+    non-persistent ones (RoPE frequencies) only with cast_non_persistent. strict=False allows
+    missing and unexpected keys (missing ones get the constructor's values), never a misshaped
+    one. key_map maps checkpoint keys to module keys (a dict or a function; None drops a key).
+    copy=False on CPU makes parameters views of the memory-mapped safetensors file where the
+    dtype and alignment allow (copy-on-write: the file is never changed).
+    """
+    device = torch.device(device)
+    recipe = recipe if recipe is not None else module.__dict__.get("_zoo_recipe")
+    slots = slots_of(module)
+    try:
+        if weights is None:
+            _initialize(slots, device, recipe)
+        else:
+            with open_source(weights) as source:
+                _load(slots, source, device, dtype, strict, key_map, copy, cast_non_persistent, recipe)
+        _fill_non_persistent(slots, device, recipe)
+        for slot in slots:
+            want = _target_dtype(slot, dtype, cast_non_persistent)
+            if slot.new.device != device or slot.new.dtype != want:
+                slot.new = slot.new.to(device=device, dtype=want)
+    except BaseException:
+        for slot in slots:
+            slot.new = None  # drop every new tensor: the module was never touched
+        raise
+    _commit(slots)
+    return module
+
+
+def _target_dtype(slot: Slot, dtype, cast_non_persistent: bool) -> torch.dtype:
+    t = slot.tensor
+    if dtype is None or not t.is_floating_point() or not (slot.persistent or cast_non_persistent):
+        return t.dtype
+    return dtype
+
+
+# --- weights ---------------------------------------------------------------------------------
+
+def match_keys(slots: list[Slot], specs: dict, key_map=None) -> tuple[dict[str, Slot], list[str]]:
+    """Checkpoint key -> slot for every key that names a persistent tensor; and the unexpected keys.
+
+    Without a key_map, a wrapper prefix that every key carries ("module.", "model.") is removed
+    when that makes more keys match.
+    """
+    by_name = {n: s for s in slots if s.persistent for n in s.names}
+    mapping = _key_mapping(list(specs), key_map, by_name)
+    matched, unexpected = {}, []
+    for key, target in mapping.items():
+        if target is None:
+            continue
+        slot = by_name.get(target)
+        if slot is None:
+            unexpected.append(key)
+        elif not any(s is slot for s in matched.values()):  # a tie is loaded once, from its first key
+            matched[key] = slot
+    return matched, unexpected
+
+
+def _key_mapping(keys: list[str], key_map, by_name) -> dict[str, str | None]:
+    if callable(key_map):
+        return {k: key_map(k) for k in keys}
+    if isinstance(key_map, dict):
+        return {k: key_map.get(k, k) for k in keys}
+    best = {k: k for k in keys}
+    score = sum(k in by_name for k in keys)
+    for prefix in WRAPPER_PREFIXES:
+        if keys and all(k.startswith(prefix) for k in keys):
+            stripped = {k: k[len(prefix):] for k in keys}
+            if sum(v in by_name for v in stripped.values()) > score:
+                best, score = stripped, sum(v in by_name for v in stripped.values())
+    return best
+
+
+def check_fit(slots: list[Slot], specs: dict, strict: bool, key_map=None) -> dict[str, Slot]:
+    """The loading plan, or WeightsMismatch naming what is missing, unexpected or misshaped."""
+    matched, unexpected = match_keys(slots, specs, key_map)
+    loaded = {id(s) for s in matched.values()}
+    missing = [s.name for s in slots if s.persistent and id(s) not in loaded]
+    misshaped = [(k, specs[k].shape, tuple(s.tensor.shape)) for k, s in matched.items()
+                 if tuple(specs[k].shape) != tuple(s.tensor.shape)]
+    if misshaped or (strict and (missing or unexpected)):
+        hint = "strict=False allows missing and unexpected keys" if not misshaped and strict else ""
+        raise WeightsMismatch(missing if strict else [], unexpected if strict else [], misshaped, hint)
+    return matched
+
+
+def _load(slots, source: Source, device, dtype, strict, key_map, copy, cast_non_persistent, recipe) -> None:
+    plan = check_fit(slots, source.specs, strict, key_map)
+    loaded = {id(s) for s in plan.values()}
+    for slot in slots:  # tensors made real inside zoo.meta.real() are moved, not wiped
+        if not slot.tensor.is_meta and id(slot) not in loaded:
+            slot.new = slot.tensor.to(device)
+    if not copy and device.type == "cpu" and isinstance(source, SafetensorsSource):
+        plan = _map_file_views(plan, source, dtype, cast_non_persistent)
+    jobs = [(key, slot) for key, slot in plan.items()]
+    dests = allocate([(tuple(s.tensor.shape), _target_dtype(s, dtype, cast_non_persistent)) for _, s in jobs], device)
+    for (key, slot), dest in zip(jobs, dests):
+        slot.new = dest
+    _parallel(lambda job: source.read_into(job[0], job[1].new), jobs, lambda job: job[1].new.nbytes)
+    missing = [s for s in slots if s.new is None and s.persistent]
+    if missing:  # strict=False: the constructor's own values, as if these keys were never asked for
+        _from_constructor(missing, device, recipe)
+
+
+def _map_file_views(plan, source: SafetensorsSource, dtype, cast_non_persistent):
+    """Zero-copy: tensors that can be views of the mapped file become them; the rest stay in the plan."""
+    maps: dict[int, mmap.mmap] = {}
+    rest = {}
+    for key, slot in plan.items():
+        fd, start, length = source.byte_range(key)
+        file_dtype = getattr(torch, source.specs[key].dtype)
+        if _target_dtype(slot, dtype, cast_non_persistent) != file_dtype or start % file_dtype.itemsize or length == 0:
+            rest[key] = slot
+            continue
+        if fd not in maps:
+            maps[fd] = mmap.mmap(fd, 0, access=mmap.ACCESS_COPY)  # private: writes never reach the file
+        flat = torch.frombuffer(maps[fd], dtype=torch.uint8, count=length, offset=start)
+        slot.new = flat.view(file_dtype).view(slot.tensor.shape)
+    return rest
+
+
+def allocate(shapes: list[tuple[tuple[int, ...], torch.dtype]], device: torch.device) -> list[torch.Tensor]:
+    """Empty tensors for a load. On CPU they are views of one anonymous mapping with transparent huge
+    pages: first-touch page faults, not the disk, bound a load from the page cache."""
+    if device.type != "cpu":
+        return [torch.empty(shape, dtype=dt, device=device) for shape, dt in shapes]
+    offsets, total = [], 0
+    for shape, dt in shapes:
+        offsets.append(total)
+        total += (_numel(shape) * dt.itemsize + _ALIGN - 1) // _ALIGN * _ALIGN
+    if total == 0:
+        return [torch.empty(shape, dtype=dt) for shape, dt in shapes]
+    arena = mmap.mmap(-1, total)
+    if hasattr(mmap, "MADV_HUGEPAGE"):
+        arena.madvise(mmap.MADV_HUGEPAGE)
+    flat = torch.frombuffer(arena, dtype=torch.uint8)  # keeps the mapping alive as long as any view
+    return [flat[o:o + _numel(shape) * dt.itemsize].view(dt).view(shape) for o, (shape, dt) in zip(offsets, shapes)]
+
+
+def _numel(shape) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
+def _parallel(fn, jobs, weight) -> None:
+    """Run fn over jobs on a few threads, balanced by bytes: reads and copies release the GIL."""
+    workers = min(len(jobs), os.cpu_count() or 1, 8)
+    if workers <= 1:
+        for job in jobs:
+            fn(job)
+        return
+    groups = [[] for _ in range(workers)]
+    loads = [0] * workers
+    for job in sorted(jobs, key=weight, reverse=True):
+        i = loads.index(min(loads))
+        groups[i].append(job)
+        loads[i] += weight(job)
+    with ThreadPoolExecutor(workers) as pool:
+        for result in [pool.submit(lambda g: [fn(j) for j in g], g) for g in groups]:
+            result.result()
+
+
+# --- values nobody loads: non-persistent buffers, initialization -----------------------------
+
+def _fill_non_persistent(slots, device, recipe) -> None:
+    """Non-persistent buffers are in no checkpoint: they get the values their constructor computed,
+    kept beside the meta build (zoo.meta shadows), or from a rebuild that keeps every value."""
+    todo = [s for s in slots if s.new is None]
+    unknown = []
+    for slot in todo:
+        value = _shadow(slot.tensor) if slot.tensor.is_meta else slot.tensor
+        if value is None:
+            unknown.append(slot)
+        else:
+            slot.new = value.to(device=device, copy=True)
+    if unknown:
+        _from_constructor(unknown, device, recipe, meta_first=True)
+
+
+def _from_constructor(todo: list[Slot], device, recipe, meta_first: bool = False) -> None:
+    """Values from the model's constructor: a meta rebuild that keeps all constructed values when
+    that suffices (buffers), else an eager build on CPU (random init)."""
+    from zoo.build import build_meta, build_real
+
+    if recipe is None:
+        raise MaterializeError(f"no value for {', '.join(s.name for s in todo[:5])}: they are in no checkpoint, "
+                               f"and this module has no recipe to rebuild them (get it with zoo.get)")
+    if meta_first:
+        values = {s.name: s for s in slots_of(build_meta(recipe, keep_all_values=True))}
+        for slot in todo:
+            found = values.get(slot.name)
+            value = _shadow(found.tensor) if found is not None else None
+            if value is not None:
+                slot.new = value.to(device=device, copy=True)
+        todo = [s for s in todo if s.new is None]
+        if not todo:
+            return
+    eager = {s.name: s.tensor for s in slots_of(build_real(recipe, "cpu"))}
+    for slot in todo:
+        slot.new = eager[slot.name].detach().to(device)
+
+
+def _initialize(slots, device, recipe) -> None:
+    """weights=None: the model's own constructor, run eagerly on the device under the caller's RNG
+    state, gives every value (custom inits included); its tensors move into our module, no copy."""
+    from zoo.build import build_real
+
+    if recipe is None:
+        raise MaterializeError("initializing without weights needs the model's recipe: get the module with zoo.get")
+    eager = {s.name: s.tensor for s in slots_of(build_real(recipe, device))}
+    for slot in slots:
+        slot.new = eager[slot.name].detach()
+
+
+def _commit(slots) -> None:
+    """Swap the new tensors in. Parameters keep their identity (hooks, optimizers, FSDP hold them)."""
+    for slot in slots:
+        new = slot.new
+        slot.new = None
+        if slot.is_param:
+            if new is not slot.tensor:
+                torch.utils.swap_tensors(slot.tensor, nn.Parameter(new, requires_grad=slot.tensor.requires_grad))
+        else:
+            for mod, local in slot.owners:
+                mod._buffers[local] = new
