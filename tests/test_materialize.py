@@ -302,3 +302,66 @@ def test_cuda_round_trip(zoo_at, tmp_path):
     for k, v in eager.state_dict().items():
         want = v.to(torch.float16) if v.is_floating_point() else v
         assert torch.equal(m.state_dict()[k].cpu(), want), k
+
+
+def test_check_reports_from_metadata_alone(zoo_at, tmp_path):
+    eager = eager_model("timm/resnet18")
+    state = {k: v.contiguous() for k, v in eager.state_dict().items()}
+    good = save(tmp_path, eager)
+    assert zoo_at.check("timm/resnet18", good).exact
+    bad = {k: v for k, v in state.items() if k != "fc.bias"}
+    bad["fc.weight"] = torch.zeros(10, 512)
+    bad["extra"] = torch.zeros(1)
+    bad["conv1.weight"] = state["conv1.weight"].half()
+    save_file(bad, str(tmp_path / "bad.safetensors"))
+    result = zoo_at.check("timm/resnet18", tmp_path / "bad.safetensors")
+    assert result.missing == ["fc.bias"] and result.unexpected == ["extra"]
+    assert result.misshaped == [("fc.weight", (10, 512), (1000, 512))]
+    assert result.dtype_mismatched == [("conv1.weight", "float16", "float32")]
+    torch.save(bad, tmp_path / "bad.pt")
+    assert zoo_at.check("timm/resnet18", tmp_path / "bad.pt").as_dict() == result.as_dict()
+
+
+def test_check_cli_needs_no_torch_for_safetensors(small_registry, tmp_path):
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT
+
+    path = save(tmp_path, eager_model("timm/resnet18"))
+    code = ("import sys, zoo\n"
+            f"assert zoo.check('timm/resnet18', {path!r}).exact\n"
+            "assert 'torch' not in sys.modules\n")
+    env = {"ZOO_REGISTRY": small_registry.removeprefix("sqlite:///"), "PATH": "/usr/bin:/bin"}
+    subprocess.run([sys.executable, "-c", code], check=True, env=env, cwd=ROOT)
+
+
+def test_weights_by_tag_are_sha256_checked(tmp_path):
+    from tests.conftest import cli_json, run_cli
+    from zoo import indexer
+
+    url = f"sqlite:///{tmp_path / 'reg.db'}"
+    indexer.index_family(url, "timm", ["resnet18"])
+    registry = zoo.connect(url)
+    eager = eager_model("timm/resnet18")
+    path = save(tmp_path, eager)
+    out = cli_json("weights", "add", "timm/resnet18", path, registry=url)
+    assert out["tag"] == "default" and len(out["sha256"]) == 64
+    assert registry.info("timm/resnet18").weights[0]["path"] == path
+    assert_same_model(registry.get("timm/resnet18").materialize(weights="default"), eager, "timm/resnet18")
+    assert "weights default" in run_cli("show", "timm/resnet18", registry=url).stdout
+    with open(path, "r+b") as f:  # the file changes after it was recorded
+        f.seek(-4, os.SEEK_END)
+        f.write(b"\x00\x00\x80\x7f")
+    m = registry.get("timm/resnet18")
+    with pytest.raises(CheckpointError, match="sha256"):
+        m.materialize(weights="default")
+    assert _still_meta(m)
+    with pytest.raises(CheckpointError, match="tags: default"):
+        m.materialize(weights="imagenet")
+    bad = tmp_path / "bad.safetensors"
+    save_file({"fc.weight": torch.zeros(3)}, str(bad))
+    proc = run_cli("weights", "add", "timm/resnet18", str(bad), "--tag", "bad", registry=url, check=False)
+    assert proc.returncode == 1 and "misshaped" in proc.stderr
+    check = run_cli("check", "timm/resnet18", str(bad), "--json", registry=url, check=False)
+    assert check.returncode == 1 and json.loads(check.stdout)["misshaped"] == [["fc.weight", [3], [1000, 512]]]

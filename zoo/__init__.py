@@ -6,7 +6,7 @@ Importing zoo is cheap: search and info never import torch; get() imports it whe
 from zoo.api import Zoo, connect
 from zoo.errors import (
     AmbiguousName, BuildFailed, CheckpointError, InvalidRecipe, ModelNotFound, NotBuildable, RegistryDrift,
-    RegistryNotFound, SchemaOutdated, SearchSyntaxError, UntrustedBuilder, ZooError,
+    RegistryNotFound, SchemaOutdated, SearchSyntaxError, UntrustedBuilder, WeightsMismatch, ZooError,
 )
 from zoo.info import ModelInfo
 from zoo.inspection import TensorInfo
@@ -23,6 +23,11 @@ def info(name: str, tensors: bool = False) -> ModelInfo:
     return Zoo().info(name, tensors)
 
 
+def check(name: str, weights, key_map=None):
+    """How a checkpoint fits a model, from metadata alone (see Zoo.check)."""
+    return Zoo().check(name, weights, key_map)
+
+
 def search(expression=None, order_by: str | None = None, limit: int | None = 100) -> list[ModelInfo]:
     """Models matching e.g. "params<7e9 and family=timm" or F.params < 7e9 (see Zoo.search)."""
     return Zoo().search(expression, order_by, limit)
@@ -31,7 +36,7 @@ def search(expression=None, order_by: str | None = None, limit: int | None = 100
 fields = FIELDS
 
 __all__ = [
-    "Zoo", "connect", "get", "info", "search", "F", "FIELDS", "fields", "ModelInfo", "TensorInfo",
+    "Zoo", "connect", "get", "info", "search", "check", "F", "FIELDS", "fields", "ModelInfo", "TensorInfo",
     "ZooError", "ModelNotFound", "AmbiguousName", "SearchSyntaxError", "BuildFailed", "NotBuildable",
-    "InvalidRecipe", "UntrustedBuilder", "SchemaOutdated", "RegistryDrift", "RegistryNotFound", "CheckpointError",
+    "InvalidRecipe", "UntrustedBuilder", "SchemaOutdated", "RegistryDrift", "RegistryNotFound", "CheckpointError", "WeightsMismatch",
 ]

@@ -74,11 +74,57 @@ class Zoo:
             return module
 
         module = templates.cached(key, build)
-        _attach_materialize(module, recipe, self)
+        _attach_materialize(module, recipe, self, row.name)
         return module
 
+    def check(self, name: str, weights, key_map=None):
+        """How a checkpoint fits a model, from the registry and the file's metadata alone (no tensor
+        data read; torch is imported only for pickles): a zoo.weights.fit.Fit."""
+        from zoo.weights.fit import fit, targets_from_table
+        from zoo.weights.sources import specs_of
 
-def _attach_materialize(module, recipe: Recipe, registry: "Zoo") -> None:
+        info = self.info(name, tensors=True)
+        if info.tensor_table is None or info.status != "ok":
+            raise BuildFailed(f"{info.name} has no recorded tensors (status {info.status})")
+        return fit(targets_from_table(info.tensor_table), specs_of(self.weights_path(info.name, weights)), key_map)
+
+    def add_weights(self, name: str, path, tag: str = "default", strict: bool = True):
+        """Record a weights file for a model under a tag, with its sha256, once it fits the model."""
+        from pathlib import Path
+
+        from zoo.errors import WeightsMismatch
+        from zoo.weights.digest import digest
+
+        path = Path(path).resolve()
+        result = self.check(name, path)
+        if result.misshaped or (strict and (result.missing or result.unexpected)):
+            raise WeightsMismatch(result.missing, result.unexpected, result.misshaped)
+        sha256, nbytes = digest(path)
+        with db.session(self.url, write=True) as s, s.begin():
+            store.add_weights(s, name, tag, str(path), sha256, nbytes)
+        return sha256
+
+    def weights_path(self, name: str, weights):
+        """A tag recorded for the model ("default") becomes its file, its sha256 checked; anything else is as given."""
+        from pathlib import Path
+
+        if not isinstance(weights, str) or Path(weights).exists() or "/" in weights or "." in weights:
+            return weights
+        from zoo.weights.digest import verify
+
+        with db.session(self.url) as s:
+            entry = store.weights_entry(s, store.resolve(s, name).name, weights)
+            tags = [w["tag"] for w in store.info(s, name).weights]
+        if entry is None:
+            from zoo.errors import CheckpointError
+
+            raise CheckpointError(f"{weights!r} is neither a file nor a weights tag of {name} "
+                                  f"(tags: {', '.join(tags) or 'none; add one with `zoo weights add`'})")
+        verify(entry.path, entry.sha256)
+        return entry.path
+
+
+def _attach_materialize(module, recipe: Recipe, registry: "Zoo", name: str) -> None:
     """Give a gotten module its recipe (to initialize or rebuild buffers) and a .materialize method."""
     import types
 
@@ -86,6 +132,7 @@ def _attach_materialize(module, recipe: Recipe, registry: "Zoo") -> None:
 
     def bound(self, device="cpu", weights=None, dtype=None, strict=True, key_map=None, copy=True,
               cast_non_persistent=False):
+        weights = registry.weights_path(name, weights)
         return materialize(self, device=device, weights=weights, dtype=dtype, strict=strict, key_map=key_map,
                            copy=copy, cast_non_persistent=cast_non_persistent, recipe=recipe)
 

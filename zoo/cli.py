@@ -70,6 +70,8 @@ def cmd_show(zoo, args) -> int:
         ("versions", ", ".join(f"{k} {v}" for k, v in info.versions.items()) or "-"),
         ("indexed", info.indexed_at.isoformat(timespec="seconds")),
     ]
+    rows += [(f"weights {w['tag']}", f"{w['path']} ({human(w['bytes'], 'B')}, sha256 {w['sha256'][:12]}...)")
+             for w in info.weights or []]
     print(_table([[k, v] for k, v in rows]))
     if args.tensors and info.tensor_table:
         print()
@@ -78,6 +80,27 @@ def cmd_show(zoo, args) -> int:
                  ("tied to " + t.tied_to if t.tied_to else "") + ("" if t.persistent else "non-persistent")]
                 for t in info.tensor_table]
         print(_table([header] + body))
+    return 0
+
+
+def cmd_check(zoo, args) -> int:
+    result = zoo.check(args.name, args.weights)
+    if args.json:
+        print(json.dumps(result.as_dict(), indent=1))
+    else:
+        print(f"{args.weights}: {len(result.matched)} tensors match {args.name}" + (" exactly" if result.exact else ""))
+        for label, items in (("missing", result.missing), ("unexpected", result.unexpected),
+                             ("misshaped", [f"{k}: file {list(f)}, model {list(m)}" for k, f, m in result.misshaped]),
+                             ("dtype differs", [f"{k}: file {f}, model {m}" for k, f, m in result.dtype_mismatched])):
+            for item in items:
+                print(f"  {label}: {item}")
+    return 0 if not (result.missing or result.unexpected or result.misshaped) else 1
+
+
+def cmd_weights(zoo, args) -> int:
+    sha256 = zoo.add_weights(args.name, args.path, tag=args.tag, strict=not args.allow_partial)
+    print(json.dumps({"name": args.name, "tag": args.tag, "sha256": sha256}) if args.json
+          else f"recorded {args.path} as {args.name} weights {args.tag!r} (sha256 {sha256[:16]}...)")
     return 0
 
 
@@ -199,6 +222,21 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
     s.add_argument("--json", action="store_true")
     s.set_defaults(run=cmd_index)
+
+    s = sub.add_parser("check", help="how a weights file fits a model, from metadata alone")
+    s.add_argument("name")
+    s.add_argument("weights", help="a .safetensors file, shard index or directory, a .pt/.pth/.bin, or a tag")
+    s.add_argument("--json", action="store_true")
+    s.set_defaults(run=cmd_check)
+
+    s = sub.add_parser("weights", help="record a weights file for a model under a tag (sha256 checked on load)")
+    s.add_argument("action", choices=["add"])
+    s.add_argument("name")
+    s.add_argument("path")
+    s.add_argument("--tag", default="default")
+    s.add_argument("--allow-partial", action="store_true", help="record even with missing or unexpected keys")
+    s.add_argument("--json", action="store_true")
+    s.set_defaults(run=cmd_weights)
 
     s = sub.add_parser("rm", help="remove a model from the registry")
     s.add_argument("name")

@@ -30,16 +30,17 @@ class ModelInfo:
     error: str | None
     indexed_at: datetime
     tensor_table: list[TensorInfo] | None = field(default=None, repr=False)  # info(name, tensors=True)
+    weights: list[dict] | None = None  # recorded weights files: tag, path, sha256, bytes (info() only)
 
     @classmethod
-    def from_row(cls, row, tensor_blob: bytes | None = None) -> "ModelInfo":
+    def from_row(cls, row, tensor_blob: bytes | None = None, weights: list[dict] | None = None) -> "ModelInfo":
         return cls(
             name=row.name, family=row.family, builder=row.builder, kwargs=json.loads(row.kwargs), arch=row.arch,
             task=row.task, input_size=tuple(json.loads(row.input_size)) if row.input_size else None,
             versions=json.loads(row.versions), dtype=row.dtype, params=row.params, trainable=row.trainable,
             buffers=row.buffers, tensors=row.tensors, param_bytes=row.param_bytes, buffer_bytes=row.buffer_bytes,
             bytes=row.bytes, status=row.status, error=row.error, indexed_at=row.indexed_at,
-            tensor_table=decode_tensors(tensor_blob) if tensor_blob is not None else None,
+            tensor_table=decode_tensors(tensor_blob) if tensor_blob is not None else None, weights=weights,
         )
 
     def as_dict(self) -> dict:

@@ -13,10 +13,11 @@ import torch
 from torch import nn
 
 from zoo.errors import WeightsMismatch, ZooError
+from zoo.inspection import dtype_name
 from zoo.meta import _shadow
+from zoo.weights.fit import Target, fit
 from zoo.weights.sources import SafetensorsSource, Source, open_source
 
-WRAPPER_PREFIXES = ("module.", "model.", "_orig_mod.")  # DataParallel/DDP, Lightning, torch.compile
 _ALIGN = 64
 
 
@@ -104,52 +105,16 @@ def _target_dtype(slot: Slot, dtype, cast_non_persistent: bool) -> torch.dtype:
 
 # --- weights ---------------------------------------------------------------------------------
 
-def match_keys(slots: list[Slot], specs: dict, key_map=None) -> tuple[dict[str, Slot], list[str]]:
-    """Checkpoint key -> slot for every key that names a persistent tensor; and the unexpected keys.
-
-    Without a key_map, a wrapper prefix that every key carries ("module.", "model.") is removed
-    when that makes more keys match.
-    """
-    by_name = {n: s for s in slots if s.persistent for n in s.names}
-    mapping = _key_mapping(list(specs), key_map, by_name)
-    matched, unexpected = {}, []
-    for key, target in mapping.items():
-        if target is None:
-            continue
-        slot = by_name.get(target)
-        if slot is None:
-            unexpected.append(key)
-        elif not any(s is slot for s in matched.values()):  # a tie is loaded once, from its first key
-            matched[key] = slot
-    return matched, unexpected
-
-
-def _key_mapping(keys: list[str], key_map, by_name) -> dict[str, str | None]:
-    if callable(key_map):
-        return {k: key_map(k) for k in keys}
-    if isinstance(key_map, dict):
-        return {k: key_map.get(k, k) for k in keys}
-    best = {k: k for k in keys}
-    score = sum(k in by_name for k in keys)
-    for prefix in WRAPPER_PREFIXES:
-        if keys and all(k.startswith(prefix) for k in keys):
-            stripped = {k: k[len(prefix):] for k in keys}
-            if sum(v in by_name for v in stripped.values()) > score:
-                best, score = stripped, sum(v in by_name for v in stripped.values())
-    return best
-
-
 def check_fit(slots: list[Slot], specs: dict, strict: bool, key_map=None) -> dict[str, Slot]:
-    """The loading plan, or WeightsMismatch naming what is missing, unexpected or misshaped."""
-    matched, unexpected = match_keys(slots, specs, key_map)
-    loaded = {id(s) for s in matched.values()}
-    missing = [s.name for s in slots if s.persistent and id(s) not in loaded]
-    misshaped = [(k, specs[k].shape, tuple(s.tensor.shape)) for k, s in matched.items()
-                 if tuple(specs[k].shape) != tuple(s.tensor.shape)]
-    if misshaped or (strict and (missing or unexpected)):
-        hint = "strict=False allows missing and unexpected keys" if not misshaped and strict else ""
-        raise WeightsMismatch(missing if strict else [], unexpected if strict else [], misshaped, hint)
-    return matched
+    """The loading plan (checkpoint key -> slot), or WeightsMismatch naming what is missing,
+    unexpected or misshaped. A dtype difference is fine: the value is cast."""
+    targets = [Target(tuple(s.names), tuple(s.tensor.shape), dtype_name(s.tensor.dtype), s.persistent) for s in slots]
+    result = fit(targets, specs, key_map)
+    if result.misshaped or (strict and (result.missing or result.unexpected)):
+        hint = "strict=False allows missing and unexpected keys" if not result.misshaped and strict else ""
+        raise WeightsMismatch(result.missing if strict else [], result.unexpected if strict else [],
+                              result.misshaped, hint)
+    return {key: slots[i] for key, i in result.matched.items()}
 
 
 def _load(slots, source: Source, device, dtype, strict, key_map, copy, cast_non_persistent, recipe) -> None:

@@ -9,7 +9,7 @@ from sqlalchemy.orm import Session
 
 from zoo.errors import AmbiguousName, ModelNotFound
 from zoo.info import ModelInfo, encode_tensors
-from zoo.registry.tables import Model, ModelTensors
+from zoo.registry.tables import Model, ModelTensors, Weights
 
 
 def short_name(name: str) -> str:
@@ -46,7 +46,21 @@ def tensor_blob(session: Session, model_id: int) -> bytes | None:
 
 def info(session: Session, name: str, tensors: bool = False) -> ModelInfo:
     row = resolve(session, name)
-    return ModelInfo.from_row(row, tensor_blob(session, row.id) if tensors else None)
+    weights = [{"tag": w.tag, "path": w.path, "sha256": w.sha256, "bytes": w.bytes}
+               for w in session.scalars(select(Weights).where(Weights.model_id == row.id).order_by(Weights.tag))]
+    return ModelInfo.from_row(row, tensor_blob(session, row.id) if tensors else None, weights)
+
+
+def weights_entry(session: Session, name: str, tag: str) -> Weights | None:
+    return session.scalar(select(Weights).join(Model, Weights.model_id == Model.id)
+                          .where(Model.name == name, Weights.tag == tag))
+
+
+def add_weights(session: Session, name: str, tag: str, path: str, sha256: str, nbytes: int) -> None:
+    row = resolve(session, name)
+    session.execute(delete(Weights).where(Weights.model_id == row.id, Weights.tag == tag))
+    session.add(Weights(model_id=row.id, tag=tag, path=path, sha256=sha256, bytes=nbytes,
+                        added_at=datetime.now(timezone.utc).replace(tzinfo=None)))
 
 
 def ok_hash_of(session: Session, name: str) -> str | None:

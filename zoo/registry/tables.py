@@ -2,7 +2,7 @@
 
 from datetime import datetime
 
-from sqlalchemy import BigInteger, DateTime, ForeignKey, Index, Integer, LargeBinary, String, Text
+from sqlalchemy import BigInteger, DateTime, ForeignKey, Index, Integer, LargeBinary, String, Text, UniqueConstraint
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 
@@ -54,3 +54,18 @@ class ModelTensors(Base):
 
 
 Index("ix_models_family_params", Model.family, Model.params)
+
+
+class Weights(Base):
+    """A weights file recorded for a model under a tag ("default"); its sha256 is checked before loading."""
+
+    __tablename__ = "weights"
+    __table_args__ = (UniqueConstraint("model_id", "tag"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    model_id: Mapped[int] = mapped_column(ForeignKey("models.id", ondelete="CASCADE"), index=True)
+    tag: Mapped[str] = mapped_column(String(64))
+    path: Mapped[str] = mapped_column(Text)  # a file, a shard index or a directory
+    sha256: Mapped[str] = mapped_column(String(64))
+    bytes: Mapped[int] = mapped_column(BigInteger)
+    added_at: Mapped[datetime] = mapped_column(DateTime)

@@ -114,13 +114,13 @@ class TensorDictSource(Source):
         bad = [k for k, v in tensors.items() if not isinstance(v, torch.Tensor)]
         if bad:
             raise CheckpointError(f"state dict entries that are not tensors: {bad[:5]}")
-        if any(v.is_meta for v in tensors.values()):
-            raise CheckpointError("a state dict on meta has no values to load")
         self.tensors = tensors
         self.specs = {k: Spec(str(v.dtype).removeprefix("torch."), tuple(v.shape)) for k, v in tensors.items()}
 
     def read_into(self, name, dest, rows=None) -> None:
         src = self.tensors[name]
+        if src.is_meta:
+            raise CheckpointError(f"{name}: a tensor on meta has no values to load")
         dest.copy_(src if rows is None else src[rows[0]:rows[1]])
 
 
@@ -193,3 +193,23 @@ def open_source(weights) -> Source:
         return TensorDictSource(load_pickle(path))
     raise CheckpointError(f"{path}: unknown weights format (want .safetensors, a shard index or directory, "
                           f"or {', '.join(sorted(PICKLE_SUFFIXES))})")
+
+
+def specs_of(weights) -> dict[str, Spec]:
+    """A checkpoint's tensor names, shapes and dtypes from metadata alone: headers, or a pickle on meta."""
+    if isinstance(weights, dict):
+        return TensorDictSource(unwrap_state_dict(weights, "state dict")).specs
+    path = Path(weights)
+    if path.suffix in PICKLE_SUFFIXES and path.is_file():
+        import pickle
+
+        import torch
+
+        try:
+            obj = torch.load(path, map_location="meta", weights_only=True)
+        except (pickle.UnpicklingError, RuntimeError, EOFError, ValueError, OSError) as e:
+            raise CheckpointError(f"{path}: not a loadable weights-only torch checkpoint: {str(e).splitlines()[0]}") from None
+        tensors = unwrap_state_dict(obj, path)
+        return {k: Spec(str(v.dtype).removeprefix("torch."), tuple(v.shape)) for k, v in tensors.items()}
+    with open_source(path) as source:
+        return source.specs
