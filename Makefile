@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test test-fast registry bench
+.PHONY: run test test-fast registry bench sweep
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -24,6 +24,10 @@ test: $(STAMP)
 
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest -q -m "not slow"
+
+# Every model through materialize (round trip and init); about an hour; results in sweep-results.json.
+sweep: $(STAMP)
+	$(BIN)/python -m pytest -q -s -m sweep tests/test_zoo_sweep.py
 
 # Rebuild the shipped registry: unchanged models are skipped, so only what changed is rebuilt.
 registry: $(STAMP)

@@ -11,21 +11,24 @@ from zoo.families import family
 from zoo.inspection import inspect_module
 
 
-def plain_build(family_name: str, builder: str):
-    """The model built without zoo: on torch's meta device, or for real where meta alone cannot build it."""
+def eager_build(family_name: str, builder: str):
+    """The model as its library builds it, for real, without zoo (torchvision: no weights of any kind)."""
     if family_name == "timm":
         import timm
 
-        make = lambda: timm.create_model(builder)  # noqa: E731
-    else:
-        from torchvision.models import get_model
+        return timm.create_model(builder)
+    from torchvision.models import get_model
 
-        make = lambda: get_model(builder, weights=None, **_no_backbone(builder))  # noqa: E731
+    return get_model(builder, weights=None, **_no_backbone(builder))
+
+
+def plain_build(family_name: str, builder: str):
+    """The model built without zoo: on torch's meta device, or for real where meta alone cannot build it."""
     try:
         with torch.device("meta"):
-            return make()
+            return eager_build(family_name, builder)
     except (NotImplementedError, RuntimeError):  # e.g. RegNet's torch.unique has no meta kernel
-        return make()
+        return eager_build(family_name, builder)
 
 
 def _no_backbone(builder: str) -> dict:

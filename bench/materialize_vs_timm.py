@@ -1,0 +1,171 @@
+"""Materialize from weights against timm's pretrained path and eager build + load_state_dict.
+
+For each model (default: vit_large_patch16_224, 1.2 GB fp32, and convnext_xxlarge, 3.4 GB),
+one run prints:
+  - zoo.get + materialize(weights=FILE.safetensors), file in the page cache, against
+      timm.create_model(name, pretrained=True, pretrained_cfg_overlay=dict(file=FILE.safetensors)) and
+      timm.create_model(name) + load_state_dict(torch.load(FILE.pth, mmap=True));
+  - throughput against the limit measured in the same run: the same file read into one freshly
+    allocated buffer of the same size (target >= 85% of it);
+  - peak RSS of a fresh process around the call, over the model's bytes (target <= 1.15x);
+  - materialize(weights=None) against eager construction.
+Target: zoo >= 5x faster than timm's path.
+
+    .venv/bin/python bench/materialize_vs_timm.py [--models NAME ...] [--json]
+Weight files are made once (random values) under $ZOO_BENCH_DIR (default /tmp/zoo_bench).
+"""
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+WORK = Path(os.environ.get("ZOO_BENCH_DIR", "/tmp/zoo_bench"))
+
+
+def make_files(name: str) -> tuple[Path, Path, int]:
+    """FILE.safetensors and FILE.pth with the model's state dict (random values), made once."""
+    import torch
+    from safetensors.torch import save_file
+
+    import zoo
+
+    st, pth = WORK / f"{name}.safetensors", WORK / f"{name}.pth"
+    if not (st.exists() and pth.exists()):
+        WORK.mkdir(parents=True, exist_ok=True)
+        table = zoo.info(f"timm/{name}", tensors=True).tensor_table
+        state = {}
+        for t in table:
+            if t.persistent and t.tied_to is None:
+                dtype = getattr(torch, t.dtype)
+                state[t.name] = (torch.randn(t.shape, dtype=dtype) if dtype.is_floating_point
+                                 else torch.zeros(t.shape, dtype=dtype))
+        save_file(state, str(st))
+        torch.save(state, pth)
+        del state
+    return st, pth, st.stat().st_size
+
+
+def warm(path: Path) -> None:
+    with open(path, "rb") as f:
+        while f.read(64 << 20):
+            pass
+
+
+def read_limit(path: Path) -> float:
+    """Seconds to read the file into one freshly allocated buffer of its size."""
+    import torch
+
+    buf = torch.empty(path.stat().st_size, dtype=torch.uint8)
+    view = memoryview(buf.numpy())
+    t = time.perf_counter()
+    with open(path, "rb", buffering=0) as f:
+        done = 0
+        while done < len(view):
+            done += f.readinto(view[done:])
+    return time.perf_counter() - t
+
+
+def timed(fn) -> float:
+    import gc
+
+    gc.collect()
+    t = time.perf_counter()
+    out = fn()
+    elapsed = time.perf_counter() - t
+    del out
+    gc.collect()
+    return elapsed
+
+
+def peak_rss_child(name: str, st: Path) -> dict:
+    """Peak RSS of a fresh process around zoo.get + materialize, and the same for eager + load_state_dict."""
+    code = f"""
+import json, resource, zoo, torch, timm, sys
+mode = sys.argv[1]
+def rss():
+    with open('/proc/self/status') as f:
+        return int(next(l for l in f if l.startswith('VmRSS')).split()[1]) * 1024
+m0 = zoo.get('timm/{name}') if mode == 'zoo' else None
+before = rss()
+if mode == 'zoo':
+    m = m0.materialize(weights={str(st)!r})
+else:
+    from safetensors.torch import load_file
+    m = timm.create_model('{name}')
+    m.load_state_dict(load_file({str(st)!r}))
+peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+print(json.dumps({{'before': before, 'peak': peak}}))
+"""
+    out = {}
+    for mode in ("zoo", "eager"):
+        proc = subprocess.run([sys.executable, "-c", code, mode], capture_output=True, text=True, cwd=ROOT)
+        if proc.returncode:
+            raise RuntimeError(proc.stderr)
+        out[mode] = json.loads(proc.stdout.strip().splitlines()[-1])
+    return out
+
+
+def bench(name: str) -> dict:
+    import timm
+    import torch
+
+    import zoo
+
+    st, pth, nbytes = make_files(name)
+    zoo.get(f"timm/{name}")  # the registry lookup and template build are not what this measures
+    for path in (st, pth):
+        warm(path)
+    limit = min(read_limit(st) for _ in range(2))
+    zoo_load = min(timed(lambda: zoo.get(f"timm/{name}").materialize(weights=str(st))) for _ in range(2))
+    timm_path = timed(lambda: timm.create_model(name, pretrained=True, pretrained_cfg_overlay=dict(file=str(st))))
+
+    def eager_load():
+        m = timm.create_model(name)
+        m.load_state_dict(torch.load(pth, mmap=True, weights_only=True))
+        return m
+
+    eager = timed(eager_load)
+    torch.manual_seed(0)
+    zoo_init = timed(lambda: zoo.get(f"timm/{name}").materialize())
+    torch.manual_seed(0)
+    eager_init = timed(lambda: timm.create_model(name))
+    rss = peak_rss_child(name, st)
+    return {
+        "model": name, "bytes": nbytes, "zoo_s": zoo_load, "timm_pretrained_s": timm_path,
+        "eager_load_state_dict_s": eager, "speedup_vs_timm": timm_path / zoo_load,
+        "speedup_vs_eager": eager / zoo_load, "zoo_gb_s": nbytes / zoo_load / 1e9,
+        "limit_gb_s": nbytes / limit / 1e9, "fraction_of_limit": limit / zoo_load,
+        "zoo_peak_over_bytes": (rss["zoo"]["peak"] - rss["zoo"]["before"]) / nbytes,
+        "eager_peak_over_bytes": (rss["eager"]["peak"] - rss["eager"]["before"]) / nbytes,
+        "zoo_init_s": zoo_init, "eager_init_s": eager_init,
+    }
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--models", nargs="+", default=["vit_large_patch16_224", "convnext_xxlarge"])
+    p.add_argument("--json", action="store_true")
+    args = p.parse_args()
+    rows = [bench(n) for n in args.models]
+    if args.json:
+        print(json.dumps(rows, indent=1))
+        return
+    for r in rows:
+        print(f"{r['model']} ({r['bytes'] / 1e9:.2f} GB)")
+        print(f"  zoo get+materialize     {r['zoo_s']:7.2f} s   {r['zoo_gb_s']:.2f} GB/s")
+        print(f"  timm pretrained=True    {r['timm_pretrained_s']:7.2f} s   zoo {r['speedup_vs_timm']:.1f}x faster (target >= 5x)")
+        print(f"  eager + load_state_dict {r['eager_load_state_dict_s']:7.2f} s   zoo {r['speedup_vs_eager']:.1f}x faster")
+        print(f"  read into fresh buffer  {r['bytes'] / r['limit_gb_s'] / 1e9:7.2f} s   {r['limit_gb_s']:.2f} GB/s; "
+              f"zoo at {100 * r['fraction_of_limit']:.0f}% of it (target >= 85%)")
+        print(f"  peak RSS over bytes     zoo {r['zoo_peak_over_bytes']:.2f}x, eager {r['eager_peak_over_bytes']:.2f}x (target <= 1.15x)")
+        print(f"  weights=None            zoo {r['zoo_init_s']:.2f} s, eager construction {r['eager_init_s']:.2f} s")
+
+
+if __name__ == "__main__":
+    main()
