@@ -116,7 +116,9 @@ def matches(node, row) -> bool:
     if v is None:
         return False
     if op == "~":
-        return fnmatch.fnmatchcase(v.translate(ASCII_LOWER), value.translate(ASCII_LOWER))
+        # a name glob also matches the name without its family, as timm.list_models('vit_*') would
+        candidates = [v, row["short"]] if field == "name" else [v]
+        return any(fnmatch.fnmatchcase(c.translate(ASCII_LOWER), value.translate(ASCII_LOWER)) for c in candidates)
     return PY_OPS[op](v, value)
 
 

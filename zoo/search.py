@@ -404,6 +404,8 @@ def _compile(e: Expr, negate: bool, depth: int, seen: list[int]) -> ColumnElemen
     if e.op == "~":
         # ilike: SQLite's LIKE ignores ASCII case anyway; ILIKE / lower() make PostgreSQL agree.
         cond = col.ilike(_like(value), escape="\\")
+        if e.field == "name":  # `name~'vit_*'` also matches timm/vit_base...: globs as timm.list_models takes them
+            cond = or_(cond, Model.short.ilike(_like(value), escape="\\"))
     else:
         cond = _SQL_OPS[e.op](col, value)
     # SQL's NULL would make `not task = x` drop rows without a task; compare as false instead.
