@@ -5,7 +5,7 @@ import torch
 from torch import nn
 
 from tests.builders import TiedNet, reads_values
-from zoo.meta import force_meta, real
+from zoo.meta import force_meta, real, value_of
 
 
 def test_explicit_cpu_device_inside_a_builder_lands_on_meta():
@@ -56,18 +56,18 @@ def test_init_is_skipped_and_the_rng_is_untouched():
 
 
 def test_values_read_during_a_build_come_from_shadows():
-    with force_meta() as mode:
+    with force_meta():
         net = reads_values()
     assert net.rates.is_meta
-    assert torch.allclose(mode.value_of(net.rates), torch.linspace(0, 0.1, 4))
+    assert torch.allclose(value_of(net.rates), torch.linspace(0, 0.1, 4))
 
 
 def test_constructed_buffer_values_are_kept_for_non_persistent_buffers():
-    with force_meta() as mode:
+    with force_meta():
         net = TiedNet(vocab=5)
     assert net.positions.is_meta
-    assert mode.value_of(net.positions).tolist() == [0, 1, 2, 3, 4]
-    assert mode.value_of(net.embed.weight) is None  # random values are never shadowed
+    assert value_of(net.positions).tolist() == [0, 1, 2, 3, 4]
+    assert value_of(net.embed.weight) is None  # random values are never shadowed
 
 
 def test_data_dependent_shapes_are_answered_from_shadows():

@@ -14,7 +14,7 @@ from torch import nn
 
 from zoo.errors import WeightsMismatch, ZooError
 from zoo.inspection import dtype_name
-from zoo.meta import _shadow
+from zoo.meta import value_of
 from zoo.weights.fit import Target, fit
 from zoo.weights.sources import SafetensorsSource, Source, open_source
 
@@ -203,7 +203,7 @@ def _fill_non_persistent(slots, device, recipe) -> None:
     todo = [s for s in slots if s.new is None]
     unknown = []
     for slot in todo:
-        value = _shadow(slot.tensor) if slot.tensor.is_meta else slot.tensor
+        value = value_of(slot.tensor) if slot.tensor.is_meta else slot.tensor
         if value is None:
             unknown.append(slot)
         else:
@@ -224,7 +224,7 @@ def _from_constructor(todo: list[Slot], device, recipe, meta_first: bool = False
         values = {s.name: s for s in slots_of(build_meta(recipe, keep_all_values=True))}
         for slot in todo:
             found = values.get(slot.name)
-            value = _shadow(found.tensor) if found is not None else None
+            value = value_of(found.tensor) if found is not None else None
             if value is not None:
                 slot.new = value.to(device=device, copy=True)
         todo = [s for s in todo if s.new is None]

@@ -26,7 +26,13 @@ _RANDOM = frozenset({
 })
 _NO_VALUE = _RANDOM | {"empty", "empty_strided", "empty_permuted", "empty_quantized"}
 SHADOW_LIMIT = 1 << 20  # elements; larger constructed tensors stay value-less meta
-
+# In-place ops that set every element from their arguments alone.
+_OVERWRITES = frozenset({"zero_", "fill_", "copy_", "ones_", "zeros_", "constant_", "fill_diagonal_"})
+_DATA_GET = torch.Tensor.data.__get__
+_ALIAS_OF = "_zoo_alias_of"
+# A shadow rides on its meta tensor as an attribute: it dies with the tensor, and a weak
+# dictionary's callbacks were a tenth of a build's time.
+_SHADOW = "_zoo_value"
 
 
 def _to_meta(func, args, kwargs):
@@ -53,29 +59,25 @@ class ForceMeta(TorchFunctionMode):
     Small tensors computed deterministically from Python numbers (``torch.linspace(...)``,
     ``arange``-built position indices, RoPE frequencies) also get a *shadow*: the same ops run
     on CPU beside the meta ones. Code that reads values (``.item()``, ``.tolist()``, ``if t:``)
-    gets them from the shadow, and ``value_of(buffer)`` gives a buffer's constructed value.
+    gets them from the shadow, and ``zoo.meta.value_of(buffer)`` gives a buffer's constructed value.
     """
 
     def __init__(self, shadow_limit: int = SHADOW_LIMIT):
         super().__init__()
         self.constructors = _device_constructors()
         self.shadow_limit = shadow_limit
-        
-    def value_of(self, tensor: torch.Tensor) -> torch.Tensor | None:
-        """The real value the builder computed for this meta tensor, if it was small and deterministic."""
-        return _shadow(tensor)
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         if func in _MOVES and args and isinstance(args[0], torch.Tensor):
             out = _to_meta(func, args, kwargs)
-            self._shadow_of_move(args[0], out, func, args, kwargs)
+            self._shadow_of_move(args[0], out)
             return out
         name = getattr(func, "__name__", "")
         if func in self.constructors:
             return self._construct(func, name, args, kwargs)
         metas = [t for t in _tensors(args, kwargs) if t.is_meta]
-        if metas and name not in _RANDOM and all(_shadow(t) is not None for t in metas):
+        if metas and name not in _RANDOM and all(value_of(t) is not None for t in metas):
             return self._with_shadows(func, args, kwargs)
         target = args[0] if args else next(iter(kwargs.values()), None)  # nn.init passes tensor=
         if metas and metas[0] is target and _writes_values(name):
@@ -93,7 +95,7 @@ class ForceMeta(TorchFunctionMode):
         sets every element from known values (``zero_``, ``fill_``, ``copy_``) gives it one."""
         others = [t for t in _tensors(args[1:], kwargs) if t.is_meta]
         if (name not in _OVERWRITES or target._base is not None or target.numel() > self.shadow_limit
-                or any(_shadow(t) is None for t in others)):
+                or any(value_of(t) is None for t in others)):
             _set_shadow(target, None)
             return
         value = torch.empty(target.shape, dtype=target.dtype)
@@ -105,7 +107,7 @@ class ForceMeta(TorchFunctionMode):
     def _alias(self, source, alias):
         """``t.data`` is a new tensor object on t's storage: it shares t's shadow, and writes through it reach t."""
         if source.is_meta:
-            shadow = _shadow(source)
+            shadow = value_of(source)
             if shadow is not None:
                 _set_shadow(alias, shadow)
             alias.__dict__[_ALIAS_OF] = source
@@ -122,8 +124,8 @@ class ForceMeta(TorchFunctionMode):
             _set_shadow(out, func(*args, **{**kwargs, "device": "cpu"}))
         return out
 
-    def _shadow_of_move(self, source, out, func, args, kwargs):
-        shadow = _shadow(source) if source.is_meta else source
+    def _shadow_of_move(self, source, out):
+        shadow = value_of(source) if source.is_meta else source
         if shadow is not None and out is not source and shadow.numel() <= self.shadow_limit:
             _set_shadow(out, shadow.to(dtype=out.dtype))
 
@@ -143,29 +145,20 @@ class ForceMeta(TorchFunctionMode):
 
             return tree_map_only(torch.Tensor, self._forced, real_out)
         for meta, value in zip(_tensors((out,), {}), real_leaves):
-            if isinstance(meta, torch.Tensor) and isinstance(value, torch.Tensor):
-                if meta.is_meta:
-                    _set_shadow(meta, value if value.numel() <= self.shadow_limit else None)
+            if meta.is_meta:
+                _set_shadow(meta, value if value.numel() <= self.shadow_limit else None)
         return out
 
     def _real(self, value):
         if isinstance(value, torch.Tensor):
-            return _shadow(value) if value.is_meta else value
+            return value_of(value) if value.is_meta else value
         if isinstance(value, torch.device) and value.type == "meta" or (isinstance(value, str) and value == "meta"):
             return torch.device("cpu")
         return value
 
 
-_ALIAS_OF = "_zoo_alias_of"
-_DATA_GET = torch.Tensor.data.__get__
-# In-place ops that set every element from their arguments alone.
-_OVERWRITES = frozenset({"zero_", "fill_", "copy_", "ones_", "zeros_", "constant_", "fill_diagonal_"})
-# A shadow rides on its meta tensor as an attribute: it dies with the tensor, and a weak
-# dictionary's callbacks were a tenth of a build's time.
-_SHADOW = "_zoo_value"
-
-
-def _shadow(tensor):
+def value_of(tensor: torch.Tensor) -> torch.Tensor | None:
+    """The real value a forced-meta build computed for this meta tensor, if it was small and deterministic."""
     return tensor.__dict__.get(_SHADOW)
 
 
@@ -199,7 +192,7 @@ def _writes_values(name: str) -> bool:
 
 @contextlib.contextmanager
 def force_meta(shadow_limit: int = SHADOW_LIMIT):
-    """Build under forced meta; yields the mode (``mode.value_of(t)``); real() inside suspends it."""
+    """Build under forced meta; real() inside suspends it."""
     with ForceMeta(shadow_limit) as mode:
         yield mode
 
