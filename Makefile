@@ -33,6 +33,7 @@ sweep: $(STAMP)
 registry: $(STAMP)
 	$(BIN)/zoo --registry registry.db index timm -j 2
 	$(BIN)/zoo --registry registry.db index torchvision -j 2
+	$(BIN)/zoo --registry registry.db index hf catalog/hf/*__*.json
 	$(BIN)/zoo --registry registry.db db compact
 
 bench: $(STAMP)

@@ -12,9 +12,10 @@ the ratio plain/zoo (target: >= 10x). Afterwards, untimed, the names each side r
 compared: zoo's table rows (family prefix "timm/" stripped) against timm.list_models(PATTERN);
 a WARNING line is printed if the sets differ. Numbers only, no assertions.
 
-EXPR defaults to the brief's "name~'vit_*'". Note that a registry name carries its family
-prefix ("timm/vit_base_patch16_224"), so that glob matches no row; "name~'timm/vit_*'" (or
-"short~'vit_*' and family=timm") is the expression equivalent to timm.list_models('vit_*').
+EXPR defaults to "name~'vit_*'". A registry name carries its family prefix ("timm/vit_base...");
+zoo versions whose name globs do not also try the bare name match no row with it (the script
+then prints a hint), and ones that do also return other families' vit_* models (torchvision's),
+which the name check reports as a note. "name~'timm/vit_*'" is the exact equivalent.
 
 Run:  .venv/bin/python bench/search_cli_vs_timm.py [--registry PATH_OR_URL] [--expr EXPR] [--pattern 'vit_*']
           [--repeats 5] [--json]

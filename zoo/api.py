@@ -1,4 +1,4 @@
-"""The public operations on one registry: get, info, search, remove."""
+"""The public operations on one registry: get, info, search, check, and weights recorded by tag."""
 
 import json
 
@@ -37,9 +37,9 @@ class Zoo:
         With weights or device it is materialized at once; dispatch="lazy" defers that to the
         module's first forward call.
         """
-        module = self._get_meta(name, overrides)
         if dispatch not in ("now", "lazy"):
             raise ValueError(f"dispatch must be 'now' or 'lazy', not {dispatch!r}")
+        module = self._get_meta(name, overrides)
         if weights is None and device is None:
             return module
         options = dict(device=device or "cpu", weights=weights, dtype=dtype)
@@ -108,6 +108,9 @@ class Zoo:
         """A tag recorded for the model ("default") becomes its file, its sha256 checked; anything else is as given."""
         from pathlib import Path
 
+        if isinstance(weights, str) and weights.startswith("hf://"):
+            from zoo.weights.hub import resolve_hub_weights
+            return resolve_hub_weights(weights)
         if not isinstance(weights, str) or Path(weights).exists() or "/" in weights or "." in weights:
             return weights
         from zoo.weights.digest import verify

@@ -148,8 +148,13 @@ def cmd_index(zoo, args) -> int:
     try:
         if bar:
             bar.start()
-        outcome = indexer.index_family(zoo.url, args.source, patterns, jobs=args.jobs, force=args.force,
-                                       progress=report)
+        if args.source == "hf":  # config sources: files, directories, hub repo ids
+            from zoo.families.hf import index_sources
+
+            outcome = index_sources(zoo.url, args.targets, args.name, args.revision, args.force, progress=report)
+        else:
+            outcome = indexer.index_family(zoo.url, args.source, patterns, jobs=args.jobs, force=args.force,
+                                           progress=report)
     except KeyboardInterrupt:
         print("\ninterrupted: every model finished so far is committed; run the same command to continue",
               file=sys.stderr)
@@ -164,7 +169,7 @@ def cmd_index(zoo, args) -> int:
               f"{len(outcome.failed)} failed")
         for name, error in sorted(outcome.failed.items()):
             print(f"  failed {name}: {error}")
-    return 0
+    return 1 if args.source == "hf" and outcome.failed else 0
 
 
 def _index_single(args, run) -> int:
@@ -212,10 +217,14 @@ def parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("index", help="build models on meta and record them",
                        description="index timm|torchvision [PATTERN...]; index builder MODULE:FUNCTION --name NAME "
-                                   "[--kwargs JSON]; index checkpoint FILE [--name NAME]")
-    s.add_argument("source", choices=["timm", "torchvision", "builder", "checkpoint"])
-    s.add_argument("targets", nargs="*", metavar="TARGET", help="glob patterns, MODULE:FUNCTION, or a checkpoint file")
-    s.add_argument("--name", help="registry name (builder, checkpoint)")
+                                   "[--kwargs JSON]; index checkpoint FILE [--name NAME]; index hf SOURCE... "
+                                   "[--name NAME] [--revision REV] (SOURCE: a config.json, a directory holding one, "
+                                   "or a hub repo id ORG/NAME)")
+    s.add_argument("source", choices=["timm", "torchvision", "builder", "checkpoint", "hf"])
+    s.add_argument("targets", nargs="*", metavar="TARGET",
+                   help="glob patterns, MODULE:FUNCTION, a checkpoint file, or hf config sources")
+    s.add_argument("--name", help="registry name (builder, checkpoint, one hf source; default hf/ORG/NAME)")
+    s.add_argument("--revision", help="hub branch, tag or commit of an hf repo id (default main)")
     s.add_argument("--kwargs", default="{}", help="JSON keyword arguments for a builder")
     s.add_argument("--jobs", "-j", type=int, default=1, help="worker processes")
     s.add_argument("--force", action="store_true", help="rebuild models even if unchanged")
@@ -275,6 +284,8 @@ def main(argv=None) -> int:
             if args.source == "builder" and not args.name:
                 p.error("index builder needs --name")
             args.target = args.targets[0]
+        if args.source == "hf" and not args.targets:
+            p.error("index hf takes one or more SOURCEs: config.json files, directories, or hub repo ids")
     from zoo.api import Zoo
 
     try:

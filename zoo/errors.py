@@ -102,3 +102,7 @@ class WeightsMismatch(ZooError, ValueError):
 
 def _first(keys, n: int = 8) -> str:
     return ", ".join(keys[:n]) + (f" ... ({len(keys) - n} more)" if len(keys) > n else "")
+
+
+class HubUnavailable(ZooError, ConnectionError):
+    """A Hugging Face hub file is neither in the local cache nor downloadable (offline, not found, gated)."""

@@ -22,6 +22,7 @@ FAMILIES = {
     "torchvision": "zoo.families.torchvision",
     "user": "zoo.families.user",
     "checkpoint": "zoo.families.checkpoint",
+    "hf": "zoo.families.hf",
 }
 
 # Keyword arguments that would fetch or read weights during a build; builds never do.

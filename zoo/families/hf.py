@@ -1,0 +1,216 @@
+"""Hugging Face family: a transformers architecture built from its config with `AutoModelFor*.from_config`.
+
+A recipe is an auto class from a fixed allowlist (the builder) and the model's config.json as JSON
+(kwargs["config"]); any other kwarg overrides one config field (`zoo.get(name, num_hidden_layers=2)`).
+Only transformers' own classes are built: configs that ask for remote code (`auto_map`,
+`trust_remote_code`) are refused, and a model_type transformers does not know is a build error.
+transformers is imported only when a model is built (it takes seconds).
+"""
+
+import json
+import re
+from pathlib import Path
+
+from zoo.errors import HubUnavailable, InvalidRecipe, UntrustedBuilder
+
+NAME = "hf"
+
+# The auto classes a recipe may name, in the order a config without `architectures` tries them,
+# each with its mapping in transformers.models.auto.modeling_auto and the hub's pipeline task.
+HEADS = {
+    "AutoModelForSeq2SeqLM": ("MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES", "text2text-generation"),
+    "AutoModelForMaskedLM": ("MODEL_FOR_MASKED_LM_MAPPING_NAMES", "fill-mask"),
+    "AutoModelForCausalLM": ("MODEL_FOR_CAUSAL_LM_MAPPING_NAMES", "text-generation"),
+    "AutoModelForSequenceClassification": ("MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES", "text-classification"),
+    "AutoModelForTokenClassification": ("MODEL_FOR_TOKEN_CLASSIFICATION_MAPPING_NAMES", "token-classification"),
+    "AutoModelForQuestionAnswering": ("MODEL_FOR_QUESTION_ANSWERING_MAPPING_NAMES", "question-answering"),
+    "AutoModel": ("MODEL_MAPPING_NAMES", "feature-extraction"),
+}
+_FALLBACK_HEADS = ("AutoModelForSeq2SeqLM", "AutoModelForMaskedLM", "AutoModelForCausalLM", "AutoModel")
+# Config keys that would load code from a repository; zoo never runs it.
+_REMOTE_CODE_KEYS = frozenset({"auto_map", "trust_remote_code"})
+# Provenance, not architecture: a local path here would only leak into the registry.
+_DROPPED_KEYS = ("_name_or_path", "_commit_hash")
+_REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
+
+
+def available(patterns=()) -> list[str]:
+    return []  # configs are indexed one by one: `zoo index hf SOURCE...`
+
+
+def check(builder: str, kwargs: dict) -> None:
+    """JSON checks only, so nothing is imported for a recipe zoo refuses."""
+    if builder not in HEADS:
+        raise UntrustedBuilder(f"{builder!r} is not an allowed transformers auto class ({', '.join(HEADS)})")
+    config = kwargs.get("config")
+    if not isinstance(config, dict):
+        raise InvalidRecipe("an hf recipe needs kwargs['config']: the model's config.json as a JSON object")
+    remote = _remote_code_keys(config) | (_REMOTE_CODE_KEYS & kwargs.keys())
+    if remote:
+        raise UntrustedBuilder(f"config asks for remote code ({', '.join(sorted(remote))}); zoo builds only "
+                               f"transformers' own classes and never runs code from a repository")
+    if not isinstance(config.get("model_type"), str):
+        raise InvalidRecipe("config has no model_type")
+
+
+def _remote_code_keys(value) -> set[str]:
+    """Remote-code keys anywhere in a config: composite models nest their sub-configs."""
+    if isinstance(value, dict):
+        found = _REMOTE_CODE_KEYS & value.keys()
+        for v in value.values():
+            found |= _remote_code_keys(v)
+        return found
+    if isinstance(value, list):
+        return set().union(*map(_remote_code_keys, value)) if value else set()
+    return set()
+
+
+def _config_object(kwargs: dict):
+    """transformers' own config class for the model_type, filled from the JSON (plus overrides)."""
+    import transformers
+    from transformers import CONFIG_MAPPING
+
+    data = {**kwargs["config"], **{k: v for k, v in kwargs.items() if k != "config"}}
+    model_type = data["model_type"]
+    if model_type not in CONFIG_MAPPING:
+        raise InvalidRecipe(f"model_type {model_type!r} is not known to the installed transformers "
+                            f"{transformers.__version__}; zoo does not run a repository's own code")
+    return CONFIG_MAPPING[model_type].from_dict(data)
+
+
+def build(builder: str, kwargs: dict):
+    import transformers
+
+    # The config dtype is kept, as from_pretrained's default dtype="auto" keeps it; no download
+    # can happen here (zoo.build sets HF_HUB_OFFLINE) and remote code is off by default.
+    return getattr(transformers, builder).from_config(_config_object(kwargs))
+
+
+def describe(builder: str, module) -> dict:
+    return {"task": HEADS[builder][1], "input_size": None}
+
+
+def versions() -> dict:
+    from importlib.metadata import version
+
+    import torch
+
+    return {"torch": torch.__version__.split("+")[0], "transformers": version("transformers")}
+
+
+# --- indexing: config sources -> recipes ------------------------------------------------------
+
+def head_of(config: dict) -> str:
+    """The auto class for a config: the one whose mapping lists its `architectures` class, else the
+    first head (seq2seq, masked LM, causal LM, base) that transformers has for its model_type."""
+    from transformers.models.auto import modeling_auto
+
+    model_type = config.get("model_type")
+
+    def classes(head: str) -> tuple:
+        names = getattr(modeling_auto, HEADS[head][0]).get(model_type, ())
+        return (names,) if isinstance(names, str) else tuple(names)
+
+    for arch in config.get("architectures") or ():
+        for head in HEADS:
+            if arch in classes(head):
+                return head
+    for head in _FALLBACK_HEADS:
+        if classes(head):
+            return head
+    return "AutoModel"  # an unknown model_type: the build records the error
+
+
+def recipe_of(config: dict):
+    """The recipe for a config.json. `auto_map` is dropped where transformers has the model_type itself
+    (many hub configs carry it beside a native class); quantization settings are kept but not applied."""
+    from transformers import CONFIG_MAPPING
+
+    from zoo.families import Recipe
+
+    config = {k: v for k, v in config.items() if k not in _DROPPED_KEYS}
+    if "auto_map" in config and config.get("model_type") in CONFIG_MAPPING:
+        config.pop("auto_map")
+    return Recipe(NAME, head_of(config), {"config": config})
+
+
+def is_repo_id(source: str) -> bool:
+    return bool(_REPO_ID.match(source)) and not Path(source).exists()
+
+
+def load_config(source: str, revision: str | None = None) -> tuple[dict, str]:
+    """(config dict, default name) from a config.json, a directory holding one, a catalog file
+    ORG__NAME.json, or a hub repo id (`hf://ORG/NAME[@REV]` too) read through huggingface_hub's cache."""
+    path = Path(source)
+    if path.exists():
+        if revision:
+            raise InvalidRecipe(f"--revision applies to hub repo ids, not to the local {source}")
+        file = path / "config.json" if path.is_dir() else path
+        if not file.is_file():
+            raise InvalidRecipe(f"{source}: no config.json in this directory")
+        config = _read_json(file)
+        if "__" in file.stem and file.name != "config.json":  # a catalog file: ORG__NAME.json
+            return config, "hf/" + file.stem.replace("__", "/", 1)
+        named = config.get("_name_or_path")
+        if isinstance(named, str) and _REPO_ID.match(named) and "/" in named and not Path(named).exists():
+            return config, f"hf/{named}"
+        file = file.resolve()
+        return config, f"hf/{file.parent.name if file.name == 'config.json' else file.stem}"
+    if source.startswith("hf://"):
+        from zoo.weights.hub import parse_uri
+
+        source, at = parse_uri(source)
+        revision = revision or at
+    if not is_repo_id(source):
+        raise InvalidRecipe(f"{source!r} is neither a config.json, a directory holding one, nor a hub repo id")
+    from zoo.weights.hub import download
+
+    return _read_json(Path(download(source, "config.json", revision))), f"hf/{source}"
+
+
+def _read_json(file: Path) -> dict:
+    try:
+        config = json.loads(file.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise InvalidRecipe(f"{file}: not a readable config.json ({e})") from None
+    if not isinstance(config, dict):
+        raise InvalidRecipe(f"{file}: a config.json holds a JSON object")
+    return config
+
+
+def index_sources(url: str, sources: list[str], name: str | None = None, revision: str | None = None,
+                  force: bool = False, progress=None):
+    """Index each config source (unchanged ones skipped unless force); a zoo.indexer.Outcome.
+    A source whose config cannot be read is reported as failed; the others still go in."""
+    from zoo import indexer
+    from zoo.errors import ZooError
+    from zoo.registry import db, store
+
+    if name is not None and len(sources) != 1:
+        raise InvalidRecipe("--name names one model: give one source with it")
+    db.open_registry(url, write=True)
+    library = versions()
+    outcome = indexer.Outcome()
+    for done, source in enumerate(sources, 1):
+        try:
+            config, default = load_config(source, revision)
+            recipe = recipe_of(config)
+        except (ZooError, OSError) as e:
+            outcome.failed[source] = f"{type(e).__name__}: {e}"
+            continue
+        model = name or default
+        model = model if model.startswith(f"{NAME}/") else f"{NAME}/{model}"
+        with db.session(url) as s:
+            unchanged = not force and store.ok_hash_of(s, model) == indexer.source_hash(recipe, library)
+        if unchanged:
+            outcome.unchanged.append(model)
+        else:
+            record, table = indexer.record_of(model, recipe)
+            indexer.save(url, record, table)
+            if record["status"] == "ok":
+                outcome.indexed.append(model)
+            else:
+                outcome.failed[model] = record["error"]
+        if progress:
+            progress(model, done, len(sources))
+    return outcome

@@ -1,0 +1,132 @@
+"""hf://ORG/NAME[@REVISION]: a hub repository's safetensors weights through huggingface_hub's cache.
+
+Files are downloaded when online and read from the cache only when HF_HUB_OFFLINE is set. Every
+file is checked against the hash the hub gave for it: huggingface_hub names each cached blob after
+the file's ETag, which for an LFS file (the weights) is its sha256 and for a small git file (the
+shard index) its git blob sha1, so the check works offline too. huggingface_hub itself checks only
+sizes. A cache without symlinks keeps no blob names; there, online, the hashes come from the hub's
+paths-info API, and offline nothing can be checked.
+"""
+
+import hashlib
+import os
+import re
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from zoo.errors import CheckpointError, HubUnavailable
+
+INDEX = "model.safetensors.index.json"
+SINGLE = "model.safetensors"
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+_GIT_SHA1 = re.compile(r"[0-9a-f]{40}")
+_REPO_ID = re.compile(r"[A-Za-z0-9][\w.-]*(/[\w.-]+)?")
+_verified: set[tuple] = set()  # (blob, size, mtime_ns) already hashed in this process: blobs never change
+
+
+def parse_uri(uri: str) -> tuple[str, str | None]:
+    """("ORG/NAME", revision or None) from hf://ORG/NAME[@REVISION]."""
+    repo, _, revision = uri.removeprefix("hf://").partition("@")
+    repo = repo.strip("/")
+    if not _REPO_ID.fullmatch(repo):
+        raise CheckpointError(f"{uri!r}: want hf://ORG/NAME or hf://ORG/NAME@REVISION")
+    return repo, revision or None
+
+
+def _offline() -> bool:
+    from huggingface_hub import constants
+
+    return constants.is_offline_mode()
+
+
+def download(repo_id: str, filename: str, revision: str | None = None, missing_ok: bool = False) -> str | None:
+    """The local path of one file of a hub repo (cache first); None if missing_ok and the repo lacks it
+    (or, offline, the cache does)."""
+    from huggingface_hub import hf_hub_download
+    from huggingface_hub.errors import EntryNotFoundError
+
+    where = f"{repo_id}@{revision or 'main'}"
+    try:
+        return hf_hub_download(repo_id, filename, revision=revision)
+    except EntryNotFoundError:
+        if missing_ok:
+            return None
+        hint = " in the local cache (HF_HUB_OFFLINE is set)" if _offline() else ""
+        raise HubUnavailable(f"{where}: no {filename}{hint}") from None
+    except Exception as e:  # repository not found, gated, offline without a cache, network down
+        hint = "; HF_HUB_OFFLINE is set: only the local cache is read" if _offline() else ""
+        raise HubUnavailable(f"{where}: cannot get {filename}: {type(e).__name__}: "
+                             f"{str(e).splitlines()[0] if str(e) else ''}{hint}") from None
+
+
+def resolve_hub_weights(uri: str) -> str:
+    """A local path zoo's weight readers take: the cached shard index (its shards beside it) or the
+    single model.safetensors, every file hash-checked."""
+    from zoo.weights.sources import safetensors_files
+
+    repo, revision = parse_uri(uri)
+    index = download(repo, INDEX, revision, missing_ok=True)
+    if index is None:
+        single = download(repo, SINGLE, revision, missing_ok=True)
+        if single is None:
+            where = "in the local cache (HF_HUB_OFFLINE is set)" if _offline() else "in the repository"
+            raise HubUnavailable(f"{uri}: neither {INDEX} nor {SINGLE} {where}; zoo reads safetensors weights only")
+        files, result = [single], single
+    else:
+        commit = Path(index).parent.name  # the snapshot's commit: every shard from the same one
+        shards = [p.name for p in safetensors_files(Path(index))]
+        with ThreadPoolExecutor(min(8, len(shards))) as pool:
+            files = [index, *pool.map(lambda s: download(repo, s, commit), shards)]
+        result = index
+    _check_hashes(uri, repo, files)
+    return result
+
+
+def _check_hashes(uri: str, repo: str, files: list[str]) -> None:
+    todo = []
+    for file in files:
+        blob = Path(os.path.realpath(file))
+        stat = blob.stat()
+        key = (str(blob), stat.st_size, stat.st_mtime_ns)
+        if key not in _verified:
+            todo.append((file, blob, key, blob.name if _SHA256.fullmatch(blob.name) or _GIT_SHA1.fullmatch(blob.name)
+                         else None))
+    if any(expected is None for *_, expected in todo) and not _offline():
+        hub = _hashes_from_api(repo, [f for f, *_ in todo])
+        todo = [(f, b, k, e or hub.get(Path(f).name)) for f, b, k, e in todo]
+
+    def check(job):
+        file, blob, key, expected = job
+        if expected is None:
+            return  # a copied (not symlinked) cache, offline: nothing to check against
+        actual = _sha256(blob) if len(expected) == 64 else _git_sha1(blob)
+        if actual != expected:
+            kind = "sha256" if len(expected) == 64 else "git blob sha1"
+            raise CheckpointError(f"{uri}: {Path(file).name}: {kind} {actual} differs from the hub's {expected}; "
+                                  f"the cached file is corrupt (delete {blob} to download it again)")
+        _verified.add(key)
+
+    with ThreadPoolExecutor(min(8, len(todo) or 1)) as pool:  # hashlib releases the GIL on large reads
+        list(pool.map(check, todo))
+
+
+def _hashes_from_api(repo: str, files: list[str]) -> dict[str, str]:
+    """File name -> the hub's sha256 (LFS) or git blob sha1, for the snapshot these files are in."""
+    from huggingface_hub import HfApi
+
+    commit = Path(files[0]).parent.name
+    try:
+        infos = HfApi().get_paths_info(repo, [Path(f).name for f in files], revision=commit)
+    except Exception:  # no answer: the files stay unchecked, as offline
+        return {}
+    return {i.path: (i.lfs.sha256 if getattr(i, "lfs", None) else i.blob_id) for i in infos if hasattr(i, "blob_id")}
+
+
+def _sha256(path: Path) -> str:
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
+
+
+def _git_sha1(path: Path) -> str:
+    data = path.read_bytes()
+    return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
