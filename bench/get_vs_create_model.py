@@ -154,4 +154,10 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except Exception as e:  # a registry at another schema revision, a missing model: say so in one line
+        if type(e).__module__.startswith("zoo"):
+            print(f"get_vs_create_model: zoo error: {e}", file=sys.stderr)
+            sys.exit(2)
+        raise

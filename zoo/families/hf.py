@@ -8,10 +8,10 @@ transformers is imported only when a model is built (it takes seconds).
 """
 
 import json
-import re
 from pathlib import Path
 
-from zoo.errors import HubUnavailable, InvalidRecipe, UntrustedBuilder
+from zoo.errors import InvalidRecipe, UntrustedBuilder
+from zoo.weights.hub import REPO_ID
 
 NAME = "hf"
 
@@ -31,7 +31,6 @@ _FALLBACK_HEADS = ("AutoModelForSeq2SeqLM", "AutoModelForMaskedLM", "AutoModelFo
 _REMOTE_CODE_KEYS = frozenset({"auto_map", "trust_remote_code"})
 # Provenance, not architecture: a local path here would only leak into the registry.
 _DROPPED_KEYS = ("_name_or_path", "_commit_hash")
-_REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
 
 
 def available(patterns=()) -> list[str]:
@@ -61,7 +60,7 @@ def _remote_code_keys(value) -> set[str]:
             found |= _remote_code_keys(v)
         return found
     if isinstance(value, list):
-        return set().union(*map(_remote_code_keys, value)) if value else set()
+        return set().union(*map(_remote_code_keys, value))
     return set()
 
 
@@ -123,7 +122,7 @@ def head_of(config: dict) -> str:
 
 def recipe_of(config: dict):
     """The recipe for a config.json. `auto_map` is dropped where transformers has the model_type itself
-    (many hub configs carry it beside a native class); quantization settings are kept but not applied."""
+    (many hub configs carry it beside a native class): the native class is what gets built."""
     from transformers import CONFIG_MAPPING
 
     from zoo.families import Recipe
@@ -131,11 +130,13 @@ def recipe_of(config: dict):
     config = {k: v for k, v in config.items() if k not in _DROPPED_KEYS}
     if "auto_map" in config and config.get("model_type") in CONFIG_MAPPING:
         config.pop("auto_map")
-    return Recipe(NAME, head_of(config), {"config": config})
+    recipe = Recipe(NAME, head_of(config), {"config": config})
+    check(recipe.builder, recipe.kwargs)  # not a config, or remote code: refused before any row is written
+    return recipe
 
 
 def is_repo_id(source: str) -> bool:
-    return bool(_REPO_ID.match(source)) and not Path(source).exists()
+    return bool(REPO_ID.fullmatch(source)) and not Path(source).exists()
 
 
 def load_config(source: str, revision: str | None = None) -> tuple[dict, str]:
@@ -152,7 +153,7 @@ def load_config(source: str, revision: str | None = None) -> tuple[dict, str]:
         if "__" in file.stem and file.name != "config.json":  # a catalog file: ORG__NAME.json
             return config, "hf/" + file.stem.replace("__", "/", 1)
         named = config.get("_name_or_path")
-        if isinstance(named, str) and _REPO_ID.match(named) and "/" in named and not Path(named).exists():
+        if isinstance(named, str) and "/" in named and is_repo_id(named):
             return config, f"hf/{named}"
         file = file.resolve()
         return config, f"hf/{file.parent.name if file.name == 'config.json' else file.stem}"
@@ -192,25 +193,26 @@ def index_sources(url: str, sources: list[str], name: str | None = None, revisio
     library = versions()
     outcome = indexer.Outcome()
     for done, source in enumerate(sources, 1):
+        model = source
         try:
             config, default = load_config(source, revision)
             recipe = recipe_of(config)
         except (ZooError, OSError) as e:
             outcome.failed[source] = f"{type(e).__name__}: {e}"
-            continue
-        model = name or default
-        model = model if model.startswith(f"{NAME}/") else f"{NAME}/{model}"
-        with db.session(url) as s:
-            unchanged = not force and store.ok_hash_of(s, model) == indexer.source_hash(recipe, library)
-        if unchanged:
-            outcome.unchanged.append(model)
         else:
-            record, table = indexer.record_of(model, recipe)
-            indexer.save(url, record, table)
-            if record["status"] == "ok":
-                outcome.indexed.append(model)
+            model = name or default
+            model = model if model.startswith(f"{NAME}/") else f"{NAME}/{model}"
+            with db.session(url) as s:
+                unchanged = not force and store.ok_hash_of(s, model) == indexer.source_hash(recipe, library)
+            if unchanged:
+                outcome.unchanged.append(model)
             else:
-                outcome.failed[model] = record["error"]
+                record, table = indexer.record_of(model, recipe)
+                indexer.save(url, record, table)
+                if record["status"] == "ok":
+                    outcome.indexed.append(model)
+                else:
+                    outcome.failed[model] = record["error"]
         if progress:
             progress(model, done, len(sources))
     return outcome

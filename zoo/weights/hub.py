@@ -20,7 +20,7 @@ INDEX = "model.safetensors.index.json"
 SINGLE = "model.safetensors"
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 _GIT_SHA1 = re.compile(r"[0-9a-f]{40}")
-_REPO_ID = re.compile(r"[A-Za-z0-9][\w.-]*(/[\w.-]+)?")
+REPO_ID = re.compile(r"[A-Za-z0-9][\w.-]*(/[\w.-]+)?")  # ORG/NAME, or a legacy bare NAME
 _verified: set[tuple] = set()  # (blob, size, mtime_ns) already hashed in this process: blobs never change
 
 
@@ -28,7 +28,7 @@ def parse_uri(uri: str) -> tuple[str, str | None]:
     """("ORG/NAME", revision or None) from hf://ORG/NAME[@REVISION]."""
     repo, _, revision = uri.removeprefix("hf://").partition("@")
     repo = repo.strip("/")
-    if not _REPO_ID.fullmatch(repo):
+    if not REPO_ID.fullmatch(repo):
         raise CheckpointError(f"{uri!r}: want hf://ORG/NAME or hf://ORG/NAME@REVISION")
     return repo, revision or None
 
@@ -43,15 +43,18 @@ def download(repo_id: str, filename: str, revision: str | None = None, missing_o
     """The local path of one file of a hub repo (cache first); None if missing_ok and the repo lacks it
     (or, offline, the cache does)."""
     from huggingface_hub import hf_hub_download
-    from huggingface_hub.errors import EntryNotFoundError
+    from huggingface_hub.errors import EntryNotFoundError, LocalEntryNotFoundError
 
     where = f"{repo_id}@{revision or 'main'}"
     try:
         return hf_hub_download(repo_id, filename, revision=revision)
-    except EntryNotFoundError:
-        if missing_ok:
+    except EntryNotFoundError as e:
+        # Online, "not in the local cache" means the hub could not be reached: not a missing file.
+        unreachable = isinstance(e, LocalEntryNotFoundError) and not _offline()
+        if missing_ok and not unreachable:
             return None
-        hint = " in the local cache (HF_HUB_OFFLINE is set)" if _offline() else ""
+        hint = (" in the local cache (HF_HUB_OFFLINE is set)" if _offline() else
+                " in the local cache, and the hub could not be reached" if unreachable else "")
         raise HubUnavailable(f"{where}: no {filename}{hint}") from None
     except Exception as e:  # repository not found, gated, offline without a cache, network down
         hint = "; HF_HUB_OFFLINE is set: only the local cache is read" if _offline() else ""

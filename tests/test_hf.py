@@ -1,0 +1,480 @@
+"""Hugging Face family: tiny configs round trip exactly, the catalog's counts, hf:// weights through
+huggingface_hub's cache (offline) and from a local hub server (online). No network."""
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+
+transformers = pytest.importorskip("transformers")
+import torch  # noqa: E402
+
+import zoo  # noqa: E402
+from tests.conftest import ROOT, cli_json  # noqa: E402
+from zoo.errors import CheckpointError, HubUnavailable, InvalidRecipe, UntrustedBuilder  # noqa: E402
+
+CATALOG = ROOT / "catalog" / "hf"
+PUBLISHED = json.loads((CATALOG / "published.json").read_text())
+COMMIT = "0123456789abcdef0123456789abcdef01234567"
+REPO = "test-org/tiny-llama"
+
+# Tiny random configs: a few layers, small widths; each family's interesting parts kept (GQA, tied
+# embeddings, llama3 RoPE scaling, sliding window, qkv biases, an encoder-decoder, a masked LM).
+_LLAMA3_ROPE = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0, "original_max_position_embeddings": 64}
+TINY = {
+    "llama": ("LlamaConfig", "AutoModelForCausalLM",
+              dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                   num_key_value_heads=2, vocab_size=128, max_position_embeddings=256, tie_word_embeddings=True,
+                   rope_parameters=_LLAMA3_ROPE)),
+    "mistral": ("MistralConfig", "AutoModelForCausalLM",
+                dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                     num_key_value_heads=2, vocab_size=128, sliding_window=4, tie_word_embeddings=False)),
+    "qwen2": ("Qwen2Config", "AutoModelForCausalLM",
+              dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                   num_key_value_heads=2, vocab_size=128, tie_word_embeddings=True)),
+    "gpt2": ("GPT2Config", "AutoModelForCausalLM",
+             dict(n_embd=64, n_layer=2, n_head=4, vocab_size=128, n_positions=64, bos_token_id=0, eos_token_id=0)),
+    "bert": ("BertConfig", "AutoModelForMaskedLM",
+             dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                  vocab_size=128, max_position_embeddings=64)),
+    "t5": ("T5Config", "AutoModelForSeq2SeqLM",
+           dict(d_model=64, d_ff=128, d_kv=16, num_layers=2, num_decoder_layers=2, num_heads=4, vocab_size=128)),
+}
+NAMES = {kind: "hf/test/tiny-llama" if kind == "llama" else f"hf/tiny-{kind}" for kind in TINY}
+
+
+def tiny_config(kind: str):
+    config_class, _, kwargs = TINY[kind]
+    return getattr(transformers, config_class)(**kwargs)
+
+
+def forward(model, kind: str, seed: int = 1):
+    gen = torch.Generator().manual_seed(seed)
+    ids = torch.randint(1, 128, (2, 9), generator=gen)
+    model.eval()
+    with torch.no_grad():
+        if kind == "t5":
+            return model(input_ids=ids, decoder_input_ids=ids[:, :5]).logits
+        return model(input_ids=ids).logits
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    """Each tiny model saved (sharded) with save_pretrained and indexed with the CLI: the llama one as
+    `zoo index hf DIR --name hf/test/tiny-llama`, the rest in one call under their default names."""
+    root = tmp_path_factory.mktemp("tiny")
+    dirs = {}
+    for kind, (_, auto, _) in TINY.items():
+        torch.manual_seed(0)
+        model = getattr(transformers, auto).from_config(tiny_config(kind))
+        dirs[kind] = root / f"tiny-{kind}"
+        model.save_pretrained(dirs[kind], max_shard_size="40KB")
+    url = f"sqlite:///{root / 'tiny.db'}"
+    out = cli_json("index", "hf", str(dirs["llama"]), "--name", "hf/test/tiny-llama", registry=url)
+    assert out == {"indexed": 1, "unchanged": 0, "failed": {}}
+    out = cli_json("index", "hf", *[str(d) for k, d in dirs.items() if k != "llama"], registry=url)
+    assert out == {"indexed": len(TINY) - 1, "unchanged": 0, "failed": {}}
+    return zoo.connect(url), dirs
+
+
+@pytest.mark.parametrize("kind", list(TINY))
+def test_tiny_round_trip_equals_from_pretrained(tiny, kind):
+    registry, dirs = tiny
+    auto = getattr(transformers, TINY[kind][1])
+    assert len(list(dirs[kind].glob("*.safetensors"))) > 2  # sharded, read through the index JSON
+    m = registry.get(NAMES[kind])
+    assert all(t.is_meta for t in [*m.parameters(), *m.buffers()])
+    ids_before = [id(p) for p in m.parameters()]
+    m.materialize(device="cpu", weights=str(dirs[kind]))
+    ref = auto.from_pretrained(dirs[kind])
+    assert [id(p) for p in m.parameters()] == ids_before
+    assert type(m) is type(ref)
+    got, want = m.state_dict(), ref.state_dict()
+    assert got.keys() == want.keys()
+    for key in want:
+        assert got[key].dtype == want[key].dtype and torch.equal(got[key], want[key]), key
+    for (key, a), (_, b) in zip(ref.named_buffers(), m.named_buffers()):  # non-persistent ones too
+        assert torch.equal(a, b), key
+    assert torch.equal(forward(m, kind), forward(ref, kind))
+
+
+def test_ties_stay_tied_on_meta_and_after_materialize(tiny):
+    registry, dirs = tiny
+    m = registry.get("hf/test/tiny-llama")
+    assert m.lm_head.weight is m.model.embed_tokens.weight  # so zoo counts it once
+    m.materialize(weights=str(dirs["llama"]))
+    assert m.lm_head.weight is m.model.embed_tokens.weight
+    info = registry.info("hf/test/tiny-llama", tensors=True)
+    tied = {t.name: t.tied_to for t in info.tensor_table if t.tied_to}
+    assert tied == {"lm_head.weight": "model.embed_tokens.weight"}
+    assert info.params == sum(p.numel() for p in m.parameters())
+    t5 = registry.get("hf/tiny-t5").materialize(weights=str(dirs["t5"]))
+    assert t5.lm_head.weight is t5.shared.weight is t5.encoder.embed_tokens.weight is t5.decoder.embed_tokens.weight
+
+
+def test_rope_inv_freq_holds_its_true_values(tiny):
+    """inv_freq is a non-persistent buffer (in no checkpoint): materialize gives it the constructor's values."""
+    registry, dirs = tiny
+    m = registry.get("hf/test/tiny-llama").materialize(weights=str(dirs["llama"]))
+    eager = transformers.AutoModelForCausalLM.from_config(tiny_config("llama"))  # built for real, on CPU
+    rotary = m.model.rotary_emb
+    assert "inv_freq" in rotary._non_persistent_buffers_set
+    assert torch.equal(rotary.inv_freq, eager.model.rotary_emb.inv_freq)
+    assert torch.equal(rotary.original_inv_freq, eager.model.rotary_emb.original_inv_freq)
+    m = registry.get("hf/tiny-mistral").materialize(weights=str(dirs["mistral"]))
+    dim = 64 // 4
+    theta = m.config.rope_parameters["rope_theta"]
+    want = 1.0 / (theta ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
+    assert torch.equal(m.model.rotary_emb.inv_freq, want)
+    assert m.model.rotary_emb.inv_freq.dtype == torch.float32
+
+
+def test_indexed_row(tiny):
+    registry, _ = tiny
+    info = registry.info("hf/test/tiny-llama")
+    assert (info.family, info.builder, info.task) == ("hf", "AutoModelForCausalLM", "text-generation")
+    assert info.arch == "transformers.models.llama.modeling_llama.LlamaForCausalLM"
+    assert info.kwargs["config"]["model_type"] == "llama" and "_name_or_path" not in info.kwargs["config"]
+    assert registry.info("hf/tiny-bert").task == "fill-mask"
+    assert registry.info("hf/tiny-t5").task == "text2text-generation"
+    assert "transformers" in info.versions
+
+
+def test_overrides_rebuild_with_other_config_fields(tiny):
+    registry, _ = tiny
+    m = registry.get("hf/test/tiny-llama", num_hidden_layers=1)
+    assert len(m.model.layers) == 1 and all(t.is_meta for t in m.parameters())
+
+
+# --- safety ---------------------------------------------------------------------------------
+
+def test_only_allowed_auto_classes_and_no_remote_code():
+    from zoo.build import build_meta
+    from zoo.families import Recipe
+    from zoo.families import hf
+
+    config = {"model_type": "llama", "hidden_size": 64}
+    for builder in ("AutoModelForFoo", "LlamaForCausalLM", "transformers:AutoModel", "os.system"):
+        with pytest.raises(UntrustedBuilder, match="allowed"):
+            hf.check(builder, {"config": config})
+    with pytest.raises(UntrustedBuilder, match="remote code"):
+        hf.check("AutoModelForCausalLM", {"config": {**config, "auto_map": {"AutoModel": "x.Y"}}})
+    with pytest.raises(UntrustedBuilder, match="remote code"):
+        hf.check("AutoModel", {"config": {"model_type": "x", "text_config": {"auto_map": {}}}})
+    with pytest.raises(UntrustedBuilder, match="trust_remote_code"):
+        build_meta(Recipe("hf", "AutoModel", {"config": config, "trust_remote_code": True}))
+    with pytest.raises(InvalidRecipe):
+        hf.check("AutoModel", {"config": "llama"})
+
+
+def test_unknown_model_type_is_an_error_recorded_at_index_time(tmp_path):
+    from zoo.families.hf import index_sources
+
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "no-such-model", "architectures": ["X"]}))
+    url = f"sqlite:///{tmp_path / 'r.db'}"
+    outcome = index_sources(url, [str(tmp_path)], name="hf/test/unknown")
+    assert "no-such-model" in outcome.failed["hf/test/unknown"]
+    info = zoo.connect(url).info("hf/test/unknown")
+    assert info.status == "error" and "not known to the installed transformers" in info.error
+
+
+def test_a_hub_config_with_auto_map_for_a_native_type_builds_the_native_class(tmp_path):
+    from zoo.families.hf import recipe_of
+
+    config = tiny_config("llama").to_dict() | {"auto_map": {"AutoModelForCausalLM": "modeling_x.X"}}
+    recipe = recipe_of(config)
+    assert "auto_map" not in recipe.kwargs["config"] and recipe.builder == "AutoModelForCausalLM"
+
+
+def test_a_build_never_touches_the_network(monkeypatch):
+    import socket
+
+    from zoo.build import build_meta
+    from zoo.families.hf import recipe_of
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a meta build opened a connection")
+
+    monkeypatch.setattr(socket.socket, "connect", refuse)
+    monkeypatch.setattr(socket, "create_connection", refuse)
+    m = build_meta(recipe_of(tiny_config("qwen2").to_dict()))
+    assert all(t.is_meta for t in m.parameters())
+
+
+def test_search_and_info_do_not_import_transformers(catalog):
+    url, _ = catalog
+    code = ("import sys, zoo\n"
+            "z = zoo.connect(sys.argv[1])\n"
+            "assert z.search('params<7e9 and task=text-generation') and z.info('hf/meta-llama/Llama-3.1-405B')\n"
+            "import zoo.families.hf, zoo.weights.hub\n"
+            "assert 'transformers' not in sys.modules and 'torch' not in sys.modules, 'imported'\n")
+    subprocess.run([sys.executable, "-c", code, url], check=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
+
+
+# --- the catalog ----------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def catalog(tmp_path_factory):
+    """The shipped catalog indexed with the CLI, as `make registry` does; (url, seconds it took)."""
+    url = f"sqlite:///{tmp_path_factory.mktemp('catalog') / 'catalog.db'}"
+    files = sorted(str(p) for p in CATALOG.glob("*__*.json"))
+    start = time.perf_counter()
+    out = cli_json("index", "hf", *files, registry=url)
+    elapsed = time.perf_counter() - start
+    assert out == {"indexed": len(files), "unchanged": 0, "failed": {}}
+    return url, elapsed
+
+
+def test_catalog_files_and_published_figures_match_one_to_one():
+    names = {"hf/" + p.stem.replace("__", "/", 1) for p in CATALOG.glob("*__*.json")}
+    assert names == set(PUBLISHED)
+    assert len(names) >= 32
+    for entry in PUBLISHED.values():
+        assert entry["source"] and isinstance(entry["params"], int)
+
+
+def test_catalog_counts_equal_published_figures(catalog):
+    """Every catalog model built on meta through zoo's family, tied embeddings counted once."""
+    url, elapsed = catalog
+    registry = zoo.connect(url)
+    wrong = {}
+    for name, entry in PUBLISHED.items():
+        info = registry.info(name, tensors="plus_buffers" in entry)
+        assert info.status == "ok", (name, info.error)
+        count = info.params
+        if "plus_buffers" in entry:  # a checkpoint tensor that transformers keeps as a persistent buffer
+            count += sum(t.numel for t in info.tensor_table
+                         if t.kind == "buffer" and t.persistent and t.tied_to is None
+                         and t.name.endswith(entry["plus_buffers"]))
+        if count != entry["params"]:
+            wrong[name] = (count, entry["params"])
+    assert not wrong
+    assert elapsed < 120, f"indexing the catalog took {elapsed:.0f} s: a build is slow"
+
+
+def test_catalog_search_under_7e9_is_exactly_the_small_generators(catalog):
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    causal = set(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.values())
+    want = {name for name, entry in PUBLISHED.items() if entry["params"] < 7e9
+            and json.loads((CATALOG / (name[3:].replace("/", "__", 1) + ".json")).read_text())["architectures"][0]
+            in causal}
+    got = {i.name for i in zoo.connect(catalog[0]).search("params<7e9 and task=text-generation", limit=None)}
+    assert got == want and "hf/meta-llama/Llama-2-7b-hf" in got and "hf/google-bert/bert-base-uncased" not in got
+
+
+def test_catalog_ties_are_recorded(catalog):
+    registry = zoo.connect(catalog[0])
+
+    def tied(name):
+        return {t.name: t.tied_to for t in registry.info(name, tensors=True).tensor_table if t.tied_to}
+
+    assert tied("hf/meta-llama/Llama-3.2-1B") == {"lm_head.weight": "model.embed_tokens.weight"}
+    assert tied("hf/Qwen/Qwen2.5-0.5B") == {"lm_head.weight": "model.embed_tokens.weight"}
+    assert tied("hf/meta-llama/Llama-3.1-8B") == {}
+    assert tied("hf/openai-community/gpt2") == {"lm_head.weight": "transformer.wte.weight"}
+
+
+def test_the_405b_model_is_got_on_meta_in_under_a_second(catalog):
+    import resource
+
+    from zoo import templates
+
+    registry = zoo.connect(catalog[0])
+    registry.get("hf/meta-llama/Llama-3.2-1B")  # transformers' llama modules imported: not what this measures
+    templates.clear()
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    start = time.perf_counter()
+    m = registry.get("hf/meta-llama/Llama-3.1-405B")
+    elapsed = time.perf_counter() - start
+    assert sum(p.numel() for p in m.parameters()) == PUBLISHED["hf/meta-llama/Llama-3.1-405B"]["params"]
+    assert all(p.is_meta for p in m.parameters()) and m.lm_head.weight.dtype == torch.bfloat16
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss < 300 * 1024  # KiB: no weights allocated
+    assert elapsed < 3, f"zoo.get of the 405B took {elapsed:.2f} s (target 1 s on an idle machine)"
+
+
+def test_the_shipped_registry_holds_the_catalog():
+    from zoo.constants import DEFAULT_REGISTRY
+    from zoo.errors import SchemaOutdated
+
+    registry = zoo.connect(str(DEFAULT_REGISTRY))
+    try:
+        shipped = registry.search("family=hf", limit=1)
+    except SchemaOutdated:
+        shipped = []
+    if not shipped:
+        pytest.skip("registry.db predates the hf catalog: rebuild it with `make registry`")
+    for name, entry in PUBLISHED.items():
+        if "plus_buffers" not in entry:
+            assert registry.info(name).params == entry["params"], name
+
+
+# --- hf:// weights --------------------------------------------------------------------------
+
+def shards(folder: Path) -> list[str]:
+    index = json.loads((folder / "model.safetensors.index.json").read_text())
+    return sorted(set(index["weight_map"].values()))
+
+
+def git_sha1(data: bytes) -> str:
+    return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
+
+
+def populate_cache(cache: Path, repo: str, source: Path, commit: str = COMMIT) -> Path:
+    """Lay `source`'s files out as huggingface_hub's cache does: blobs named by their ETag (sha256 for
+    LFS files, git sha1 for the rest), a snapshot of symlinks, refs/main."""
+    folder = cache / ("models--" + repo.replace("/", "--"))
+    snapshot = folder / "snapshots" / commit
+    (folder / "blobs").mkdir(parents=True, exist_ok=True)
+    snapshot.mkdir(parents=True, exist_ok=True)
+    (folder / "refs").mkdir(exist_ok=True)
+    (folder / "refs" / "main").write_text(commit)
+    for file in source.iterdir():
+        data = file.read_bytes()
+        etag = hashlib.sha256(data).hexdigest() if file.suffix == ".safetensors" else git_sha1(data)
+        (folder / "blobs" / etag).write_bytes(data)
+        (snapshot / file.name).symlink_to(Path("..", "..", "blobs", etag))
+    return folder
+
+
+@pytest.fixture
+def hub_cache(tmp_path, monkeypatch):
+    """An empty huggingface_hub cache, offline unless a test says otherwise."""
+    from huggingface_hub import constants
+
+    cache = tmp_path / "hub"
+    cache.mkdir()
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(cache))
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    return cache
+
+
+def test_hf_uri_offline_from_the_cache(tiny, hub_cache):
+    registry, dirs = tiny
+    populate_cache(hub_cache, REPO, dirs["llama"])
+    ref = transformers.AutoModelForCausalLM.from_pretrained(dirs["llama"])
+    for uri in (f"hf://{REPO}", f"hf://{REPO}@main", f"hf://{REPO}@{COMMIT}"):
+        m = registry.get("hf/test/tiny-llama").materialize(device="cpu", weights=uri)
+        assert torch.equal(forward(m, "llama"), forward(ref, "llama")), uri
+        assert m.lm_head.weight is m.model.embed_tokens.weight
+    m = registry.get("hf/test/tiny-llama", weights=f"hf://{REPO}", device="cpu")  # the one-liner
+    assert torch.equal(forward(m, "llama"), forward(ref, "llama"))
+
+
+def test_hf_uri_a_corrupt_cached_shard_is_refused(tiny, hub_cache):
+    registry, dirs = tiny
+    folder = populate_cache(hub_cache, REPO, dirs["llama"])
+    shard = (folder / "snapshots" / COMMIT / shards(dirs["llama"])[1]).resolve()
+    data = bytearray(shard.read_bytes())
+    data[-3] ^= 0xFF  # same size, one value changed: huggingface_hub's size check would pass
+    shard.write_bytes(bytes(data))
+    m = registry.get("hf/test/tiny-llama")
+    with pytest.raises(CheckpointError, match="sha256 .* differs from the hub's"):
+        m.materialize(weights=f"hf://{REPO}")
+    assert all(p.is_meta for p in m.parameters())
+
+
+def test_hf_uri_offline_without_the_files_is_a_clear_error(tiny, hub_cache):
+    registry, dirs = tiny
+    with pytest.raises(HubUnavailable, match="HF_HUB_OFFLINE"):
+        registry.get("hf/test/tiny-llama").materialize(weights="hf://test-org/absent")
+    folder = populate_cache(hub_cache, REPO, dirs["llama"])
+    (folder / "snapshots" / COMMIT / shards(dirs["llama"])[2]).unlink()
+    with pytest.raises(HubUnavailable, match=shards(dirs["llama"])[2]):
+        registry.get("hf/test/tiny-llama").materialize(weights=f"hf://{REPO}")
+    with pytest.raises(CheckpointError, match="hf://ORG/NAME"):
+        registry.get("hf/test/tiny-llama").materialize(weights="hf://not a repo")
+
+
+def test_index_a_hub_repo_id_from_the_cache(tiny, hub_cache, tmp_path):
+    from zoo.families.hf import index_sources
+
+    _, dirs = tiny
+    populate_cache(hub_cache, REPO, dirs["llama"])
+    url = f"sqlite:///{tmp_path / 'r.db'}"
+    outcome = index_sources(url, [REPO])
+    assert outcome.indexed == ["hf/test-org/tiny-llama"]
+    assert index_sources(url, [f"hf://{REPO}@{COMMIT}"], name="pinned").indexed == ["hf/pinned"]
+    assert index_sources(url, [REPO]).unchanged == ["hf/test-org/tiny-llama"]
+    assert "HF_HUB_OFFLINE" in index_sources(url, ["test-org/absent"]).failed["test-org/absent"]
+    info = zoo.connect(url).info("hf/test-org/tiny-llama")
+    assert info.params == zoo.connect(url).info("hf/pinned").params > 0
+
+
+class HubHandler(BaseHTTPRequestHandler):
+    """Enough of the hub for hf_hub_download: HEAD and GET of /{repo}/resolve/{revision}/{file}."""
+
+    files: dict[str, bytes] = {}
+    requests: list[str] = []
+
+    def log_message(self, *args):
+        pass
+
+    def _file(self):
+        repo, sep, rest = self.path.partition("/resolve/")
+        revision, _, name = rest.partition("/")
+        data = self.files.get(name) if sep and repo.strip("/") == REPO and revision in ("main", COMMIT) else None
+        self.requests.append(f"{self.command} {name}")
+        if data is None:
+            self.send_response(404)
+            self.send_header("X-Error-Code", "EntryNotFound")
+            self.send_header("X-Repo-Commit", COMMIT)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return None
+        lfs = name.endswith(".safetensors")
+        self.send_response(200)
+        self.send_header("X-Repo-Commit", COMMIT)
+        etag = hashlib.sha256(data).hexdigest() if lfs else git_sha1(data)
+        self.send_header("X-Linked-Etag" if lfs else "ETag", f'"{etag}"')
+        if lfs:
+            self.send_header("X-Linked-Size", str(len(data)))
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        return data
+
+    def do_HEAD(self):
+        self._file()
+
+    def do_GET(self):
+        data = self._file()
+        if data:
+            self.wfile.write(data)
+
+
+def test_hf_uri_downloads_from_a_local_hub_when_online(tiny, hub_cache, monkeypatch):
+    from huggingface_hub import constants
+
+    registry, dirs = tiny
+    HubHandler.files = {p.name: p.read_bytes() for p in dirs["llama"].iterdir()}
+    HubHandler.requests = []
+    server = ThreadingHTTPServer(("127.0.0.1", 0), HubHandler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    endpoint = f"http://127.0.0.1:{server.server_address[1]}"
+    monkeypatch.setattr(constants, "ENDPOINT", endpoint)  # what HF_ENDPOINT sets
+    monkeypatch.setattr(constants, "HUGGINGFACE_CO_URL_TEMPLATE", endpoint + "/{repo_id}/resolve/{revision}/{filename}")
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    ref = transformers.AutoModelForCausalLM.from_pretrained(dirs["llama"])
+    try:
+        m = registry.get("hf/test/tiny-llama").materialize(weights=f"hf://{REPO}")
+    finally:
+        server.shutdown()
+    assert torch.equal(forward(m, "llama"), forward(ref, "llama"))
+    assert {f"GET {s}" for s in shards(dirs["llama"])} <= set(HubHandler.requests)
+    assert not any("pytorch_model" in r for r in HubHandler.requests)  # safetensors only, never pickles
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)  # the server is gone: the cache answers
+    m = registry.get("hf/test/tiny-llama").materialize(weights=f"hf://{REPO}")
+    assert torch.equal(forward(m, "llama"), forward(ref, "llama"))
+    snapshot = hub_cache / "models--test-org--tiny-llama" / "snapshots" / COMMIT
+    assert {p.name for p in snapshot.iterdir()} == {n for n in HubHandler.files if "safetensors" in n}
+    shutil.rmtree(hub_cache / "models--test-org--tiny-llama")
