@@ -23,9 +23,9 @@ def eager_model(name: str, seed: int = 0):
 
         return timm.create_model(builder)
     if family == "torchvision":
-        from torchvision.models import get_model
+        from tests.test_whole_zoo import eager_build
 
-        return get_model(builder, weights=None)
+        return eager_build(family, builder)  # no weights, no backbone weights
     from tests.builders import tied_net
 
     return tied_net()
@@ -365,3 +365,17 @@ def test_weights_by_tag_are_sha256_checked(tmp_path):
     assert proc.returncode == 1 and "misshaped" in proc.stderr
     check = run_cli("check", "timm/resnet18", str(bad), "--json", registry=url, check=False)
     assert check.returncode == 1 and json.loads(check.stdout)["misshaped"] == [["fc.weight", [3], [1000, 512]]]
+
+
+def test_plain_tensor_attributes_get_their_constructed_values(zoo_at):
+    """torchvision's anchor generator keeps cell anchors as a plain list of tensors: in no state dict."""
+    name = "torchvision/fasterrcnn_mobilenet_v3_large_fpn"
+    eager = eager_model(name)
+    m = zoo_at.get(name).materialize(weights=eager.state_dict())
+    anchors = m.rpn.anchor_generator.cell_anchors
+    assert all(torch.equal(a, b) for a, b in zip(anchors, eager.rpn.anchor_generator.cell_anchors))
+    m.eval(), eager.eval()
+    images = [torch.rand(3, 200, 240)]
+    with torch.no_grad():
+        got, want = m(images)[0], eager(images)[0]
+    assert got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in want)

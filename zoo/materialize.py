@@ -88,12 +88,65 @@ def materialize(module: nn.Module, device="cpu", weights=None, dtype: torch.dtyp
             want = _target_dtype(slot, dtype, cast_non_persistent)
             if slot.new.device != device or slot.new.dtype != want:
                 slot.new = slot.new.to(device=device, dtype=want)
+        plain = _plain_tensor_values(module, device, recipe)
     except BaseException:
         for slot in slots:
             slot.new = None  # drop every new tensor: the module was never touched
         raise
     _commit(slots)
+    _assign_plain(plain)
     return module
+
+
+def _plain_tensors(module: nn.Module):
+    """(module, attribute, index, tensor) for meta tensors kept as plain attributes, alone or in a
+    list or tuple: torchvision's anchor generators keep their cell anchors so, outside state_dict."""
+    for prefix, mod in module.named_modules():
+        for attr, value in vars(mod).items():
+            if attr in _MODULE_INTERNALS:
+                continue
+            if isinstance(value, torch.Tensor) and not isinstance(value, nn.Parameter) and value.is_meta:
+                yield prefix, mod, attr, None, value
+            elif isinstance(value, (list, tuple)):
+                for i, item in enumerate(value):
+                    if isinstance(item, torch.Tensor) and item.is_meta:
+                        yield prefix, mod, attr, i, item
+
+
+_MODULE_INTERNALS = frozenset(vars(nn.Module()))
+
+
+def _plain_tensor_values(module, device, recipe) -> list:
+    """Plain tensor attributes get the values their constructor computed (zoo.meta shadows), or,
+    failing that, those of an eager build. They are in no checkpoint and no parameter list."""
+    found = list(_plain_tensors(module))
+    if not found:
+        return []
+    values = [value_of(t) for *_, t in found]
+    if any(v is None for v in values):
+        from zoo.build import build_real
+
+        if recipe is None:
+            raise MaterializeError("plain tensor attributes have no known value and there is no recipe to rebuild them")
+        eager = dict(build_real(recipe, "cpu").named_modules())
+        values = [v if v is not None else _attribute(eager[prefix], attr, i)
+                  for v, (prefix, _, attr, i, _) in zip(values, found)]
+    return [(mod, attr, i, value.to(device=device, copy=True)) for (_, mod, attr, i, _), value in zip(found, values)]
+
+
+def _assign_plain(plain) -> None:
+    for mod, attr, i, value in plain:
+        if i is None:
+            mod.__dict__[attr] = value
+        else:
+            items = list(getattr(mod, attr))
+            items[i] = value
+            mod.__dict__[attr] = type(getattr(mod, attr))(items)
+
+
+def _attribute(mod, attr, index):
+    value = getattr(mod, attr)
+    return value if index is None else value[index]
 
 
 def _target_dtype(slot: Slot, dtype, cast_non_persistent: bool) -> torch.dtype:

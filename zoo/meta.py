@@ -192,9 +192,17 @@ def _writes_values(name: str) -> bool:
 
 @contextlib.contextmanager
 def force_meta(shadow_limit: int = SHADOW_LIMIT):
-    """Build under forced meta; real() inside suspends it."""
-    with ForceMeta(shadow_limit) as mode:
-        yield mode
+    """Build under forced meta; real() inside suspends it.
+
+    Single-threaded while it lasts: the shadows are tiny CPU ops, and with several threads per
+    process (and `zoo index -j 2`) each one waited on OpenMP, making builds ten times slower."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        with ForceMeta(shadow_limit) as mode:
+            yield mode
+    finally:
+        torch.set_num_threads(threads)
 
 
 @contextlib.contextmanager
