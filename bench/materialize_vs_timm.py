@@ -18,7 +18,6 @@ Weight files are made once (random values) under $ZOO_BENCH_DIR (default /tmp/zo
 import argparse
 import json
 import os
-import resource
 import subprocess
 import sys
 import time
@@ -86,20 +85,22 @@ def timed(fn) -> float:
 def peak_rss_child(name: str, st: Path) -> dict:
     """Peak RSS of a fresh process around zoo.get + materialize, and the same for eager + load_state_dict."""
     code = f"""
-import json, resource, zoo, torch, timm, sys
+import json, zoo, torch, timm, sys
 mode = sys.argv[1]
-def rss():
+def status(key):
     with open('/proc/self/status') as f:
-        return int(next(l for l in f if l.startswith('VmRSS')).split()[1]) * 1024
+        return int(next(l for l in f if l.startswith(key)).split()[1]) * 1024
 m0 = zoo.get('timm/{name}') if mode == 'zoo' else None
-before = rss()
+with open('/proc/self/clear_refs', 'w') as f:
+    f.write('5')  # reset the peak (VmHWM): ru_maxrss would carry the parent's peak from fork
+before = status('VmRSS')
 if mode == 'zoo':
     m = m0.materialize(weights={str(st)!r})
 else:
     from safetensors.torch import load_file
     m = timm.create_model('{name}')
     m.load_state_dict(load_file({str(st)!r}))
-peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+peak = status('VmHWM')
 print(json.dumps({{'before': before, 'peak': peak}}))
 """
     out = {}
