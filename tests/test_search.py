@@ -25,8 +25,9 @@ from zoo.search import (
 )
 
 REPO = Path(__file__).resolve().parents[1]
-STRING_FIELDS = ["name", "short", "family", "builder", "arch", "task", "status", "dtype"]
-NUMBER_FIELDS = ["params", "trainable", "buffers", "tensors", "bytes", "param_bytes", "buffer_bytes"]
+STRING_FIELDS = ["name", "short", "family", "builder", "arch", "task", "status", "dtype", "scan_status"]
+NUMBER_FIELDS = ["params", "trainable", "buffers", "tensors", "bytes", "param_bytes", "buffer_bytes",
+                 "flops", "macs", "train_activation_bytes", "peak_activation_bytes"]
 KEYWORDS = ("and", "or", "not")
 BARE = re.compile(r"[A-Za-z0-9_.\-/*?:+@]+")  # the grammar's bare-word characters, restated
 
@@ -63,6 +64,7 @@ def _make_rows(n: int = 300) -> list[dict]:
             "status": "ok" if ok else "error",
             "dtype": rng.choice([None, "float32", "bfloat16", "Float16"]) if ok else None,
             **{f: number() for f in NUMBER_FIELDS},
+            "scan_status": rng.choice([None, "ok", "error", "no-input"]) if ok else None,
         })
     return rows
 

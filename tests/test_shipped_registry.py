@@ -17,7 +17,9 @@ PINNED = ["timm/resnet50", "timm/swin_tiny_patch4_window7_224", "timm/regnety_04
           "timm/maxvit_tiny_tf_224", "torchvision/maskrcnn_resnet50_fpn", "torchvision/r3d_18",
           "torchvision/quantized_resnet50", "torchvision/raft_small"]
 COMPARED = ("family", "builder", "kwargs", "arch", "task", "input_size", "versions", "dtype", "params", "trainable",
-            "buffers", "tensors", "param_bytes", "buffer_bytes", "bytes", "status", "error", "source_hash")
+            "buffers", "tensors", "param_bytes", "buffer_bytes", "bytes", "status", "error", "source_hash",
+            "flops", "macs", "train_activation_bytes", "peak_activation_bytes", "output_shapes", "scan_status",
+            "scan_error")
 
 
 @pytest.fixture(scope="module")

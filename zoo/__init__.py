@@ -33,10 +33,27 @@ def search(expression=None, order_by: str | None = None, limit: int | None = 100
     return Zoo().search(expression, order_by, limit)
 
 
+def scan(name_or_module, *inputs_or_shapes, **options):
+    """Per-module output shapes and dtypes from one forward on meta, no weights (see zoo.analysis.scan)."""
+    from zoo.analysis import scan as _scan  # torch only now, not when zoo is imported
+
+    return _scan(name_or_module, *inputs_or_shapes, **options)
+
+
+def estimate(name, batch: int = 1, dtype="bf16", training: bool = False, optimizer: str = "adamw",
+             seq_len: int | None = None, registry=None):
+    """Bytes for weights, gradients, optimizer states and activations, measured on meta (see zoo.analysis.estimate)."""
+    from zoo.analysis import estimate as _estimate
+
+    return _estimate(name, batch=batch, dtype=dtype, training=training, optimizer=optimizer, seq_len=seq_len,
+                     registry=registry)
+
+
 fields = FIELDS
 
 __all__ = [
-    "Zoo", "connect", "get", "info", "search", "check", "F", "FIELDS", "fields", "ModelInfo", "TensorInfo",
+    "Zoo", "connect", "get", "info", "search", "check", "scan", "estimate", "F", "FIELDS", "fields", "ModelInfo",
+    "TensorInfo",
     "ZooError", "ModelNotFound", "AmbiguousName", "SearchSyntaxError", "BuildFailed", "NotBuildable",
     "InvalidRecipe", "UntrustedBuilder", "SchemaOutdated", "RegistryDrift", "RegistryNotFound", "CheckpointError", "WeightsMismatch",
 ]

@@ -51,8 +51,85 @@ def cmd_search(zoo, args) -> int:
     return 0
 
 
+def si(n: int | None, unit: str) -> str:
+    """1.82e9, "FLOPs" -> "1.82 GFLOPs" (powers of 1000)."""
+    if n is None:
+        return "-"
+    for prefix, size in (("P", 1e15), ("T", 1e12), ("G", 1e9), ("M", 1e6), ("K", 1e3)):
+        if n >= size:
+            return f"{n / size:.2f} {prefix}{unit}"
+    return f"{n} {unit}"
+
+
+def _analysis_rows(info) -> list[tuple[str, str]]:
+    if info.scan_status is None:
+        return [("analysis", "- (not analysed: indexed before zoo recorded analysis; re-index it)")]
+    if info.scan_status != "ok":
+        return [("analysis", info.scan_status + (f": {info.scan_error}" if info.scan_error else ""))]
+    outputs = ", ".join(f"{p + ': ' if p else ''}{'x'.join(map(str, shape)) or 'scalar'} {dtype}"
+                        for p, shape, dtype in (info.output_shapes or [])[:8])
+    more = len(info.output_shapes or []) - 8
+    rows = [
+        ("flops", f"{si(info.flops, 'FLOPs')} ({si(info.macs, 'MACs')}), batch 1 at the input size"),
+        ("activations", f"{human(info.peak_activation_bytes, 'B')} peak in inference, "
+                        f"{human(info.train_activation_bytes, 'B')} saved for backward in training"),
+        ("output", outputs + (f", ... ({more} more)" if more > 0 else "")),
+    ]
+    if info.scan_error:
+        rows.append(("analysis note", info.scan_error))
+    return rows
+
+
+def _show_tree(zoo, info, args) -> int:
+    """The module tree: parameters, bytes and output shapes per module, from zoo.get + a meta forward."""
+    from zoo.analysis import scan
+
+    result = scan(info.name, registry=zoo, strict=False)
+    modules = [m for m in result.modules if args.depth is None or m.depth <= args.depth]
+    if args.json:
+        print(json.dumps({"name": info.name, "error": result.error, "outputs": result.outputs,
+                          "modules": [m for m in result.as_dict()["modules"] if args.depth is None
+                                      or m["depth"] <= args.depth]}, indent=1))
+        return 0
+    from rich.console import Console
+    from rich.markup import escape
+    from rich.tree import Tree
+
+    def label(m) -> str:
+        shapes = "; ".join(f"{p + ' ' if p else ''}{'x'.join(map(str, shape)) or 'scalar'}"
+                           + ("" if dtype == "float32" else f" {dtype}") for p, shape, dtype in m.outputs[:4])
+        if len(m.outputs) > 4:
+            shapes += f"; ... {len(m.outputs) - 4} more"
+        calls = f" x{m.calls}" if m.calls > 1 else ""
+        if m.calls:
+            out = f"-> {shapes}{calls}" if m.outputs else f"-> (no tensor output){calls}"
+        else:
+            out = "[red](stopped inside)[/red]" if m.entered else "[dim](not called)[/dim]"
+        name = m.name.rsplit(".", 1)[-1] or info.name
+        return (f"[bold]{escape(name)}[/bold] [cyan]{escape(m.type)}[/cyan]  {human(m.params)} params, "
+                f"{human(m.bytes, 'B')}  {escape(out) if m.calls else out}")
+
+    nodes = {}
+    root = None
+    for m in modules:
+        if m.name == "":
+            root = nodes[""] = Tree(label(m))
+            continue
+        parent = m.name.rsplit(".", 1)[0] if "." in m.name else ""
+        nodes[m.name] = nodes[parent].add(label(m))
+    console = Console(width=None if sys.stdout.isatty() else 100_000)  # piped: whole lines, no cropping
+    console.print(root)
+    if result.error:
+        stopped = "no forward: " if result.error.startswith("this module has no recorded input") else \
+            "the forward stopped on meta: "
+        console.print(f"[yellow]{stopped}[/yellow]{escape(result.error)}")
+    return 0
+
+
 def cmd_show(zoo, args) -> int:
     info = zoo.info(args.name, tensors=args.tensors)
+    if args.tree:
+        return _show_tree(zoo, info, args)
     if args.json:
         print(json.dumps(info.as_dict(), indent=1))
         return 0
@@ -67,6 +144,7 @@ def cmd_show(zoo, args) -> int:
         ("bytes", f"{human(info.bytes, 'B')} ({human(info.param_bytes, 'B')} params + "
                   f"{human(info.buffer_bytes, 'B')} buffers, {info.dtype})" if info.bytes is not None else "-"),
         ("status", info.status + (f": {info.error}" if info.error else "")),
+        *(_analysis_rows(info) if info.status == "ok" else []),
         ("versions", ", ".join(f"{k} {v}" for k, v in info.versions.items()) or "-"),
         ("indexed", info.indexed_at.isoformat(timespec="seconds")),
     ]
@@ -80,6 +158,28 @@ def cmd_show(zoo, args) -> int:
                  ("tied to " + t.tied_to if t.tied_to else "") + ("" if t.persistent else "non-persistent")]
                 for t in info.tensor_table]
         print(_table([header] + body))
+    return 0
+
+
+def cmd_estimate(zoo, args) -> int:
+    from zoo.analysis import estimate
+
+    result = estimate(args.name, batch=args.batch, dtype=args.dtype, training=args.training,
+                      optimizer=args.optimizer, seq_len=args.seq_len, registry=zoo)
+    if args.json:
+        print(json.dumps(result.as_dict(), indent=1))
+        return 0
+    mode = f"training, {result.optimizer}" if result.training else "inference"
+    seq = f", seq_len {result.seq_len}" if result.seq_len else ""
+    rows = [[f"{args.name}: batch {result.batch}, {result.dtype}, {mode}{seq}", ""],
+            ["weights", human(result.weights, "B")]]
+    if result.training:
+        rows += [["gradients", human(result.gradients, "B")], ["optimizer states", human(result.optimizer_states, "B")]]
+    rows += [["inputs", human(result.inputs, "B")], ["activations (peak, measured on meta)", human(result.activations, "B")],
+             ["total (measured peak)", human(result.total, "B")]]
+    if result.upper_bound != result.total:
+        rows.append(["sum of the parts (upper bound)", human(result.upper_bound, "B")])
+    print(_table(rows))
     return 0
 
 
@@ -212,8 +312,20 @@ def parser() -> argparse.ArgumentParser:
     s = sub.add_parser("show", help="a model's recorded metadata")
     s.add_argument("name")
     s.add_argument("--tensors", action="store_true", help="list every tensor")
+    s.add_argument("--tree", action="store_true", help="module tree: params, bytes, output shapes (runs a meta forward)")
+    s.add_argument("--depth", type=int, default=None, help="with --tree: modules at most N levels deep")
     s.add_argument("--json", action="store_true")
     s.set_defaults(run=cmd_show)
+
+    s = sub.add_parser("estimate", help="memory for a batch: weights, gradients, optimizer states, activations")
+    s.add_argument("name")
+    s.add_argument("--batch", type=int, default=1)
+    s.add_argument("--dtype", default="bf16", help="fp32, bf16, fp16")
+    s.add_argument("--training", action="store_true", help="a training step (forward, backward, optimizer step)")
+    s.add_argument("--optimizer", default="adamw", choices=["adamw", "adam", "sgd", "none"])
+    s.add_argument("--seq-len", type=int, default=None, help="sequence length, for models with token inputs")
+    s.add_argument("--json", action="store_true")
+    s.set_defaults(run=cmd_estimate)
 
     s = sub.add_parser("index", help="build models on meta and record them",
                        description="index timm|torchvision [PATTERN...]; index builder MODULE:FUNCTION --name NAME "

@@ -12,7 +12,7 @@ from zoo.families import Recipe, family
 from zoo.registry import db, store
 
 # Bump when what a build records changes: every model is then rebuilt on the next index.
-RECORD_VERSION = 1
+RECORD_VERSION = 2  # 2: analysis columns (flops, macs, activation bytes, output shapes, scan status)
 
 
 @dataclass
@@ -49,6 +49,7 @@ def record_of(name: str, recipe: Recipe, trusted: set[str] | None = None) -> tup
         described = fam.describe(recipe.builder, module)
     except Exception as e:  # recorded, not raised: one broken model must not stop an index run
         return {**base, "status": "error", "error": _reason(e)}, None
+    analysis = _analyze(module, described.get("input"))
     cls = type(module)
     return {
         **base, "status": "ok", "error": None, "arch": f"{cls.__module__}.{cls.__qualname__}",
@@ -56,8 +57,18 @@ def record_of(name: str, recipe: Recipe, trusted: set[str] | None = None) -> tup
         "input_size": json.dumps(described["input_size"]) if described["input_size"] else None,
         "dtype": summary.dtype, "params": summary.params, "trainable": summary.trainable,
         "buffers": summary.buffers, "tensors": summary.tensors, "param_bytes": summary.param_bytes,
-        "buffer_bytes": summary.buffer_bytes, "bytes": summary.bytes,
+        "buffer_bytes": summary.buffer_bytes, "bytes": summary.bytes, **analysis,
     }, summary.tensor_table
+
+
+def _analyze(module, spec) -> dict:
+    """FLOPs, activation bytes and output shapes from forwards of the same meta module (zoo.analysis);
+    a forward that cannot run on meta is recorded with its reason, and the model still indexes."""
+    from zoo.analysis import analyze
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return analyze(module, spec).columns()
 
 
 def _reason(e: BaseException) -> str:

@@ -31,6 +31,14 @@ class ModelInfo:
     indexed_at: datetime
     tensor_table: list[TensorInfo] | None = field(default=None, repr=False)  # info(name, tensors=True)
     weights: list[dict] | None = None  # recorded weights files: tag, path, sha256, bytes (info() only)
+    # Analysis (zoo.analysis), batch 1 at the recorded input; None where not analysed or not runnable on meta.
+    flops: int | None = None  # inference FLOPs (2 per multiply-accumulate)
+    macs: int | None = None
+    train_activation_bytes: int | None = None  # saved for backward, training mode
+    peak_activation_bytes: int | None = None  # peak live activations, inference
+    output_shapes: list | None = None  # [[path, shape, dtype], ...]
+    scan_status: str | None = None  # "ok", "error", "no-input"
+    scan_error: str | None = None
 
     @classmethod
     def from_row(cls, row, tensor_blob: bytes | None = None, weights: list[dict] | None = None) -> "ModelInfo":
@@ -41,6 +49,10 @@ class ModelInfo:
             buffers=row.buffers, tensors=row.tensors, param_bytes=row.param_bytes, buffer_bytes=row.buffer_bytes,
             bytes=row.bytes, status=row.status, error=row.error, indexed_at=row.indexed_at,
             tensor_table=decode_tensors(tensor_blob) if tensor_blob is not None else None, weights=weights,
+            flops=row.flops, macs=row.macs, train_activation_bytes=row.train_activation_bytes,
+            peak_activation_bytes=row.peak_activation_bytes,
+            output_shapes=json.loads(row.output_shapes) if row.output_shapes else None,
+            scan_status=row.scan_status, scan_error=row.scan_error,
         )
 
     def as_dict(self) -> dict:

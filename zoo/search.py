@@ -43,6 +43,11 @@ FIELDS: dict[str, str] = {
     "bytes": "number",
     "param_bytes": "number",
     "buffer_bytes": "number",
+    "flops": "number",  # analysis (zoo.analysis): batch 1, inference
+    "macs": "number",
+    "train_activation_bytes": "number",
+    "peak_activation_bytes": "number",
+    "scan_status": "string",
 }
 
 MAX_LENGTH = 10_000  # characters in a search
@@ -404,7 +409,9 @@ def _compile(e: Expr, negate: bool, depth: int, seen: list[int]) -> ColumnElemen
     if e.op == "~":
         # ilike: SQLite's LIKE ignores ASCII case anyway; ILIKE / lower() make PostgreSQL agree.
         cond = col.ilike(_like(value), escape="\\")
-        if e.field == "name":  # `name~'vit_*'` also matches timm/vit_base...: globs as timm.list_models takes them
+        # `name~'vit_*'` also matches timm/vit_base...: globs as timm.list_models takes them. A glob
+        # that starts with * matches the short name only if it matches the full one: skip the OR.
+        if e.field == "name" and not value.startswith("*"):
             cond = or_(cond, Model.short.ilike(_like(value), escape="\\"))
     else:
         cond = _SQL_OPS[e.op](col, value)

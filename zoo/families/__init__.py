@@ -5,7 +5,11 @@ A family module defines:
   available(patterns)           the builder names it can index, filtered by glob patterns
   check(builder, kwargs)        raise UntrustedBuilder / InvalidRecipe before anything is imported
   build(builder, kwargs)        the module (called under forced meta, with downloads blocked)
-  describe(builder, module)     {"task": ..., "input_size": [...]} for the registry row
+  describe(builder, module)     {"task": ..., "input_size": [...]} for the registry row, and optionally
+                                "input": the spec of a batch-1 forward (zoo.analysis: flops, activations,
+                                scan, estimate), e.g. {"args": [[3, 224, 224]]} or, for token ids with a
+                                default length, {"kwargs": {"input_ids": {"shape": ["seq"], "dtype": "int64"}},
+                                "seq_len": 128}; without it a model's scan_status is "no-input"
   versions()                    {"torch": ..., LIBRARY: ...}: a change means its models are rebuilt
 Adding a family is adding a module here and a line to FAMILIES.
 """

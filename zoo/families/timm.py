@@ -32,7 +32,8 @@ def build(builder: str, kwargs: dict):
 def describe(builder: str, module) -> dict:
     cfg = getattr(module, "pretrained_cfg", None) or {}
     size = cfg.get("input_size")
-    return {"task": "image-classification", "input_size": list(size) if size else None}
+    return {"task": "image-classification", "input_size": list(size) if size else None,
+            "input": {"args": [list(size)]} if size else None}  # zoo.analysis input spec: one image batch
 
 
 def versions() -> dict:

@@ -62,7 +62,27 @@ def describe(builder: str, module) -> dict:
     if crop:
         h, w = (crop * 2)[:2]
         size = [3, _CLIP_FRAMES, h, w] if task == "video-classification" else [3, h, w]
-    return {"task": task, "input_size": size}
+    image_size = getattr(module, "image_size", None)
+    if size and task == "image-classification" and isinstance(image_size, int):
+        # ViTs are built for an image size; without weights vit_h_14 is 224 (its weights' 518 would not fit).
+        size = [3, image_size, image_size]
+    return {"task": task, "input_size": size, "input": _input_spec(task, size, module)}
+
+
+# torchvision publishes its optical-flow GFLOPS at 512x512 (its weights give only a minimum size).
+_FLOW_SIZE = [3, 512, 512]
+
+
+def _input_spec(task: str, size, module) -> dict | None:
+    """zoo.analysis input spec: two images for optical flow, a list of images for detection (each resized
+    by the model to its transform's min_size; a square image of that size), else one batch of `size`."""
+    if task == "optical-flow":
+        return {"args": [_FLOW_SIZE, _FLOW_SIZE]}
+    if task == "object-detection":
+        side = getattr(getattr(module, "transform", None), "min_size", None)
+        side = side[0] if isinstance(side, (tuple, list)) else side
+        return {"args": [{"shape": [3, int(side), int(side)], "list": True}]} if side else None
+    return {"args": [size]} if size else None
 
 
 def versions() -> dict:

@@ -9,7 +9,7 @@ from sqlalchemy.orm import Session
 from zoo.errors import RegistryNotFound, SchemaOutdated
 
 # The alembic head this code reads and writes; a test checks it equals migrations' head.
-SCHEMA_REVISION = "0002"
+SCHEMA_REVISION = "0003"
 MIGRATIONS = Path(__file__).resolve().parent.parent / "migrations"
 BUSY_TIMEOUT_MS = 60_000
 

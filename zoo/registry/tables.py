@@ -37,6 +37,14 @@ class Model(Base):
     error: Mapped[str | None] = mapped_column(Text)
     source_hash: Mapped[str] = mapped_column(String(64))  # recipe + library versions: unchanged means not rebuilt
     indexed_at: Mapped[datetime] = mapped_column(DateTime)
+    # Analysis (migration 0003, zoo.analysis): one forward on meta at batch 1 with the family's input.
+    flops: Mapped[int | None] = mapped_column(BigInteger, index=True)  # inference; 2 per multiply-accumulate
+    macs: Mapped[int | None] = mapped_column(BigInteger)
+    train_activation_bytes: Mapped[int | None] = mapped_column(BigInteger)  # saved for backward, training mode
+    peak_activation_bytes: Mapped[int | None] = mapped_column(BigInteger)  # peak live activations, inference
+    output_shapes: Mapped[str | None] = mapped_column(Text)  # JSON [[path, shape, dtype], ...]
+    scan_status: Mapped[str | None] = mapped_column(String(16))  # "ok", "error", "no-input"; NULL: not analysed
+    scan_error: Mapped[str | None] = mapped_column(Text)
 
 
 class ModelTensors(Base):
