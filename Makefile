@@ -31,6 +31,7 @@ sweep: $(STAMP)
 
 # Rebuild the shipped registry: unchanged models are skipped, so only what changed is rebuilt.
 registry: $(STAMP)
+	$(BIN)/zoo --registry registry.db db upgrade
 	$(BIN)/zoo --registry registry.db index timm -j 2
 	$(BIN)/zoo --registry registry.db index torchvision -j 2
 	$(BIN)/zoo --registry registry.db index hf catalog/hf/*__*.json
