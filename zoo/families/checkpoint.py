@@ -5,9 +5,9 @@ from pathlib import Path
 
 from zoo.errors import CheckpointError, NotBuildable
 from zoo.inspection import TensorInfo
+from zoo.weights.sources import PICKLE_SUFFIXES
 
 NAME = "checkpoint"
-PICKLE_SUFFIXES = {".pt", ".pth", ".bin", ".ckpt"}
 
 
 def available(patterns=()) -> list[str]:
@@ -45,31 +45,15 @@ def read_tensors(path: str) -> list[TensorInfo]:
 
 
 def _pickle_tensors(path: Path) -> list[TensorInfo]:
-    import pickle
-
+    """A torch checkpoint's state dict read on meta (weights_only: a pickle with code is refused),
+    under the names materialize would load them by ({"state_dict": ...} wrappers unwrapped)."""
     import torch
 
-    from zoo.inspection import dtype_name
+    from zoo.weights.sources import specs_of
 
-    try:  # weights_only refuses any pickle that would run code; meta reads no data
-        state = torch.load(path, map_location="meta", weights_only=True)
-    except (pickle.UnpicklingError, RuntimeError, EOFError, ValueError) as e:
-        raise CheckpointError(f"{path}: not a loadable weights-only torch checkpoint: {str(e).splitlines()[0]}") from None
     rows = []
-    for name, t in _flatten(state):
-        rows.append(TensorInfo(name, "parameter", True, tuple(t.shape), dtype_name(t.dtype), t.numel(),
-                               t.numel() * t.element_size()))
-    if not rows:
-        raise CheckpointError(f"{path}: holds no tensors")
+    for name, spec in specs_of(path).items():
+        itemsize = getattr(torch, spec.dtype).itemsize
+        rows.append(TensorInfo(name, "parameter", True, spec.shape, spec.dtype, math.prod(spec.shape),
+                               math.prod(spec.shape) * itemsize))
     return rows
-
-
-def _flatten(obj, prefix=""):
-    """Tensors of nested dicts ({"state_dict": {...}}, {"model": {...}}) under dotted names."""
-    import torch
-
-    if isinstance(obj, torch.Tensor):
-        yield prefix, obj
-    elif isinstance(obj, dict):
-        for k, v in obj.items():
-            yield from _flatten(v, f"{prefix}.{k}" if prefix else str(k))
