@@ -37,7 +37,7 @@ def record_of(name: str, recipe: Recipe, trusted: set[str] | None = None) -> tup
     fam = family(recipe.family)
     versions = fam.versions()
     base = dict(name=name, family=recipe.family, builder=recipe.builder, kwargs=recipe.kwargs_json(),
-                versions=store.dumps(versions), source_hash=source_hash(recipe, versions))
+                versions=json.dumps(versions, sort_keys=True), source_hash=source_hash(recipe, versions))
     try:
         from zoo.build import build_meta
         from zoo.inspection import inspect_module

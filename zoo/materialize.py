@@ -4,6 +4,7 @@ Nothing touches the module until every new tensor is filled: a corrupt file, a m
 out-of-memory leaves it exactly as it was, on meta, and the new memory is freed.
 """
 
+import math
 import mmap
 import os
 from concurrent.futures import ThreadPoolExecutor
@@ -213,21 +214,14 @@ def allocate(shapes: list[tuple[tuple[int, ...], torch.dtype]], device: torch.de
     offsets, total = [], 0
     for shape, dt in shapes:
         offsets.append(total)
-        total += (_numel(shape) * dt.itemsize + _ALIGN - 1) // _ALIGN * _ALIGN
+        total += (math.prod(shape) * dt.itemsize + _ALIGN - 1) // _ALIGN * _ALIGN
     if total == 0:
         return [torch.empty(shape, dtype=dt) for shape, dt in shapes]
     arena = mmap.mmap(-1, total)
     if hasattr(mmap, "MADV_HUGEPAGE"):
         arena.madvise(mmap.MADV_HUGEPAGE)
     flat = torch.frombuffer(arena, dtype=torch.uint8)  # keeps the mapping alive as long as any view
-    return [flat[o:o + _numel(shape) * dt.itemsize].view(dt).view(shape) for o, (shape, dt) in zip(offsets, shapes)]
-
-
-def _numel(shape) -> int:
-    n = 1
-    for d in shape:
-        n *= d
-    return n
+    return [flat[o:o + math.prod(shape) * dt.itemsize].view(dt).view(shape) for o, (shape, dt) in zip(offsets, shapes)]
 
 
 def _parallel(fn, jobs, weight) -> None:

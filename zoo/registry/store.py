@@ -1,7 +1,6 @@
 """Registry queries: resolve a name, read a row, write one model atomically, delete, search."""
 
 import difflib
-import json
 from datetime import datetime, timezone
 
 from sqlalchemy import delete, select
@@ -80,8 +79,7 @@ def write_model(session: Session, record: dict, tensor_table) -> None:
 
 def remove(session: Session, name: str) -> str:
     row = resolve(session, name)
-    session.execute(delete(ModelTensors).where(ModelTensors.model_id == row.id))
-    session.execute(delete(Model).where(Model.id == row.id))
+    session.execute(delete(Model).where(Model.id == row.id))  # tensors and weights go by ON DELETE CASCADE
     return row.name
 
 
@@ -95,7 +93,3 @@ def search(session: Session, expression, order_by: str | None = None, limit: int
     if limit is not None:
         query = query.limit(limit)
     return [ModelInfo.from_row(r) for r in session.scalars(query)]
-
-
-def dumps(value) -> str:
-    return json.dumps(value, sort_keys=True)
