@@ -379,3 +379,61 @@ def test_plain_tensor_attributes_get_their_constructed_values(zoo_at):
     with torch.no_grad():
         got, want = m(images)[0], eager(images)[0]
     assert got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in want)
+
+
+def _fsdp_rank(rank, world, init_file, weights, out_dir):
+    """One rank: fully_shard the meta modules, materialize them, save what this rank sees."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+    try:
+        mesh = init_device_mesh("cpu", (world,))
+        for name, path in weights.items():
+            for tag, source in (("loaded", path), ("initialized", None)):
+                model = zoo.get(name)
+                for block in getattr(model, "blocks", []):
+                    fully_shard(block, mesh=mesh)
+                fully_shard(model, mesh=mesh)
+                before = dict(model.named_parameters())
+                torch.manual_seed(0)
+                model.materialize(weights=source)
+                assert all(p is before[n] for n, p in model.named_parameters()), "parameter identity lost"
+                local_rows = {n: p.to_local().shape[0] for n, p in model.named_parameters() if p.dim()}
+                state = {k: v.full_tensor() if hasattr(v, "full_tensor") else v for k, v in model.state_dict().items()}
+                model.eval()
+                torch.manual_seed(123)
+                with torch.no_grad():
+                    out = model(example_input(name))
+                tied = name == "user/tied" and model.head.weight is model.embed.weight
+                torch.save({"state": state, "out": out, "rows": local_rows, "tied": tied},
+                           f"{out_dir}/{name.replace('/', '_')}-{tag}-{rank}.pt")
+    finally:
+        dist.destroy_process_group()
+
+
+def test_fsdp2_fully_shard_on_meta_then_materialize_loads_each_ranks_rows(zoo_at, tmp_path):
+    """fully_shard applied to the meta module (2 CPU ranks, gloo): each rank allocates and reads only its
+    rows, parameters keep their identity, and the gathered state and forward equal the eager model's."""
+    import torch.multiprocessing as mp
+
+    names = ["timm/vit_tiny_patch16_224", "user/tied"]
+    weights = {name: save(tmp_path, eager_model(name), f"{name.replace('/', '_')}.safetensors") for name in names}
+    mp.spawn(_fsdp_rank, args=(2, str(tmp_path / "init"), weights, str(tmp_path)), nprocs=2)
+    for name in names:
+        eager = eager_model(name)
+        eager.eval()
+        torch.manual_seed(123)
+        with torch.no_grad():
+            want = eager(example_input(name))
+        for tag in ("loaded", "initialized"):
+            ranks = [torch.load(tmp_path / f"{name.replace('/', '_')}-{tag}-{r}.pt") for r in range(2)]
+            for k, v in eager.state_dict().items():
+                assert all(torch.equal(r["state"][k], v) for r in ranks), f"{name} {tag}: {k}"
+            for n, p in eager.named_parameters():
+                if p.dim():
+                    half = -(-p.shape[0] // 2)
+                    assert [r["rows"][n] for r in ranks] == [half, p.shape[0] - half], n
+            assert all(torch.equal(r["out"], want) for r in ranks), f"{name} {tag}: forward"
+            assert name != "user/tied" or all(r["tied"] for r in ranks)

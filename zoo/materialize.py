@@ -35,11 +35,21 @@ class Slot:
     tensor: torch.Tensor
     is_param: bool
     persistent: bool
+    rows: tuple[int, int] | None = None  # of a sharded DTensor: the rows of dim 0 this rank holds
     new: torch.Tensor | None = field(default=None, repr=False)
 
     @property
     def name(self) -> str:
         return self.names[0]
+
+    @property
+    def local_shape(self) -> tuple[int, ...]:
+        shape = tuple(self.tensor.shape)
+        return shape if self.rows is None else (self.rows[1] - self.rows[0], *shape[1:])
+
+    def local(self, full: torch.Tensor) -> torch.Tensor:
+        """This rank's part of a full value (a copy, so the full one can be freed)."""
+        return full if self.rows is None else full[self.rows[0]:self.rows[1]].clone()
 
 
 def slots_of(module: nn.Module) -> list[Slot]:
@@ -53,11 +63,44 @@ def slots_of(module: nn.Module) -> list[Slot]:
                 slot = by_id.get(id(t))
                 if slot is None:
                     persistent = is_param or local not in mod._non_persistent_buffers_set
-                    slot = by_id[id(t)] = Slot([], [], t, is_param, persistent)
+                    slot = by_id[id(t)] = Slot([], [], t, is_param, persistent, _local_rows(t))
                 if name not in slot.names:
                     slot.names.append(name)
                     slot.owners.append((mod, local))
     return list(by_id.values())
+
+
+def _local_rows(t: torch.Tensor) -> tuple[int, int] | None:
+    """For a DTensor (FSDP2's fully_shard shards parameters as Shard(0) on each mesh dimension),
+    the rows of dim 0 this rank holds, chunked as torch.chunk does; None for a plain tensor."""
+    placements = getattr(t, "placements", None)
+    if placements is None or t.dim() == 0:
+        return None
+    from torch.distributed.tensor import Replicate, Shard
+
+    start, stop = 0, t.shape[0]
+    for mesh_dim, placement in enumerate(placements):
+        if isinstance(placement, Replicate):
+            continue
+        if not (isinstance(placement, Shard) and placement.dim == 0):
+            raise MaterializeError(f"cannot materialize a DTensor placed as {placement}: only Shard(0) and Replicate")
+        chunk = -(-(stop - start) // t.device_mesh.size(mesh_dim))
+        first = start + t.device_mesh.get_local_rank(mesh_dim) * chunk
+        start, stop = min(first, stop), min(first + chunk, stop)
+    if t.to_local().shape[0] != stop - start:
+        raise MaterializeError(f"a DTensor whose local shard ({tuple(t.to_local().shape)}) is not the torch.chunk "
+                               f"of its shape {tuple(t.shape)}")
+    return start, stop
+
+
+def _like(old: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
+    """new, wrapped as a DTensor with old's mesh and placements when old is one."""
+    if getattr(old, "placements", None) is None:
+        return new
+    from torch.distributed.tensor import DTensor
+
+    return DTensor.from_local(new, old.device_mesh, old.placements, run_check=False, shape=old.shape,
+                              stride=old.stride())
 
 
 def materialize(module: nn.Module, device="cpu", weights=None, dtype: torch.dtype | None = None,
@@ -89,6 +132,7 @@ def materialize(module: nn.Module, device="cpu", weights=None, dtype: torch.dtyp
             want = _target_dtype(slot, dtype, cast_non_persistent)
             if slot.new.device != device or slot.new.dtype != want:
                 slot.new = slot.new.to(device=device, dtype=want)
+            slot.new = _like(slot.tensor, slot.new)
         plain = _plain_tensor_values(module, device, recipe)
     except BaseException:
         for slot in slots:
@@ -180,10 +224,10 @@ def _load(slots, source: Source, device, dtype, strict, key_map, copy, cast_non_
     if not copy and device.type == "cpu" and isinstance(source, SafetensorsSource):
         plan = _map_file_views(plan, source, dtype, cast_non_persistent)
     jobs = [(key, slot) for key, slot in plan.items()]
-    dests = allocate([(tuple(s.tensor.shape), _target_dtype(s, dtype, cast_non_persistent)) for _, s in jobs], device)
+    dests = allocate([(s.local_shape, _target_dtype(s, dtype, cast_non_persistent)) for _, s in jobs], device)
     for (key, slot), dest in zip(jobs, dests):
         slot.new = dest
-    _parallel(lambda job: source.read_into(job[0], job[1].new), jobs, lambda job: job[1].new.nbytes)
+    _parallel(lambda job: source.read_into(job[0], job[1].new, job[1].rows), jobs, lambda job: job[1].new.nbytes)
     missing = [s for s in slots if s.new is None and s.persistent]
     if missing:  # strict=False: the constructor's own values, as if these keys were never asked for
         _from_constructor(missing, device, recipe)
@@ -194,7 +238,7 @@ def _map_file_views(plan, source: SafetensorsSource, dtype, cast_non_persistent)
     maps: dict[int, mmap.mmap] = {}
     rest = {}
     for key, slot in plan.items():
-        fd, start, length = source.byte_range(key)
+        fd, start, length = source.byte_range(key, slot.rows)
         file_dtype = getattr(torch, source.specs[key].dtype)
         if _target_dtype(slot, dtype, cast_non_persistent) != file_dtype or start % file_dtype.itemsize or length == 0:
             rest[key] = slot
@@ -202,7 +246,7 @@ def _map_file_views(plan, source: SafetensorsSource, dtype, cast_non_persistent)
         if fd not in maps:
             maps[fd] = mmap.mmap(fd, 0, access=mmap.ACCESS_COPY)  # private: writes never reach the file
         flat = torch.frombuffer(maps[fd], dtype=torch.uint8, count=length, offset=start)
-        slot.new = flat.view(file_dtype).view(slot.tensor.shape)
+        slot.new = flat.view(file_dtype).view(slot.local_shape)
     return rest
 
 
@@ -279,7 +323,7 @@ def _from_constructor(todo: list[Slot], device, recipe, meta_first: bool = False
             return
     eager = {s.name: s.tensor for s in slots_of(build_real(recipe, "cpu"))}
     for slot in todo:
-        slot.new = eager[slot.name].detach().to(device)
+        slot.new = slot.local(eager[slot.name].detach()).to(device)
 
 
 def _initialize(slots, device, recipe) -> None:
@@ -291,7 +335,7 @@ def _initialize(slots, device, recipe) -> None:
         raise MaterializeError("initializing without weights needs the model's recipe: get the module with zoo.get")
     eager = {s.name: s.tensor for s in slots_of(build_real(recipe, device))}
     for slot in slots:
-        slot.new = eager[slot.name].detach()
+        slot.new = slot.local(eager[slot.name].detach())
 
 
 def _commit(slots) -> None:
