@@ -1,4 +1,4 @@
-"""The whole zoo through materialize (`make sweep`, about an hour on 2 cores; CI runs tests/test_materialize.py).
+"""The whole zoo through materialize (`make sweep`, about an hour on 2 cores; CI runs CI_SAMPLE and tests/test_materialize.py).
 
 For every timm and torchvision model: the seeded eager model against zoo.get(name).materialize()
 under the same seed (no-weights init, bit for bit), then the eager state dict loaded into a
@@ -88,6 +88,21 @@ def _hard_cases_first(names: list[str]) -> list[str]:
         return any(not t.persistent or t.tied_to for t in table)
 
     return sorted(names, key=lambda n: (not n.startswith("torchvision/"), not hard(n), n))
+
+
+# CI's share of the sweep: small models from the hard families (non-persistent buffers, ties,
+# plain tensor attributes, RNG-driven inits), about a second each.
+CI_SAMPLE = ["timm/test_coatnet", "timm/test_vit_relpos", "timm/efficientvit_m0", "timm/efficientformerv2_s0",
+             "timm/eva02_tiny_patch14_224", "timm/vit_pe_spatial_tiny_patch16_512", "timm/convit_tiny",
+             "timm/coat_lite_tiny", "timm/levit_128s", "timm/efficientnet_blur_b0", "timm/regnetx_002",
+             "torchvision/fasterrcnn_mobilenet_v3_large_320_fpn", "torchvision/ssdlite320_mobilenet_v3_large",
+             "torchvision/raft_small", "torchvision/swin_v2_t"]
+
+
+@pytest.mark.parametrize("name", CI_SAMPLE)
+def test_a_sample_of_hard_cases(name):
+    result = check_model(name)
+    assert result == {"init": True, "state": True, "forward": True}, result
 
 
 class _Timeout(Exception):
