@@ -20,6 +20,7 @@ from tests.test_whole_zoo import eager_build
 from zoo.families import family
 
 MAX_PARAMS = int(float(os.environ.get("ZOO_SWEEP_MAX_PARAMS", 1.5e9)))  # larger ones: skipped, and counted
+MIN_PARAMS = int(float(os.environ.get("ZOO_SWEEP_MIN_PARAMS", 0)))  # smaller ones: left out (a second pass)
 PER_MODEL_S = 600
 
 
@@ -119,6 +120,8 @@ def test_whole_zoo_round_trip_and_init():
         import fnmatch
 
         names = [n for n in names if fnmatch.fnmatchcase(n, only)]
+    if MIN_PARAMS:
+        names = [n for n in names if zoo.info(n).params > MIN_PARAMS]
     names = names[shard::shards]
     results = {}
 
