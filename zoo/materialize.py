@@ -117,6 +117,7 @@ def materialize(module: nn.Module, device="cpu", weights=None, dtype: torch.dtyp
     one. key_map maps checkpoint keys to module keys (a dict or a function; None drops a key).
     copy=False on CPU makes parameters views of the memory-mapped safetensors file where the
     dtype and alignment allow (copy-on-write: the file is never changed).
+    Parameters that FSDP2's fully_shard made DTensors get this rank's rows only, read from the file.
     """
     device = torch.device(device)
     recipe = recipe if recipe is not None else module.__dict__.get("_zoo_recipe")
