@@ -25,7 +25,7 @@ test: $(STAMP)
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest -q -m "not slow"
 
-# Every model through materialize (round trip and init); about an hour; results in sweep-results.json.
+# Every model through materialize (round trip and init); 1-2 hours, see tests/test_zoo_sweep.py; results in sweep-results.json.
 sweep: $(STAMP)
 	$(BIN)/python -m pytest -q -s -m sweep tests/test_zoo_sweep.py
 

@@ -1,9 +1,13 @@
-"""The whole zoo through materialize (`make sweep`, about an hour on 2 cores; CI runs CI_SAMPLE and tests/test_materialize.py).
+"""The whole zoo through materialize (`make sweep`; CI runs CI_SAMPLE and tests/test_materialize.py).
 
 For every timm and torchvision model: the seeded eager model against zoo.get(name).materialize()
 under the same seed (no-weights init, bit for bit), then the eager state dict loaded into a
 fresh zoo.get(name) (state, buffers and forward output bit for bit). Results, per model, go to
 $ZOO_SWEEP_OUT (default sweep-results.json); the test fails listing every model that did not pass.
+
+On 2 cores: models up to 3e8 params in two shards side by side (ZOO_SWEEP_SHARD=0/2 and 1/2,
+OMP_NUM_THREADS=1, ZOO_SWEEP_MAX_PARAMS=3e8) take about 27 minutes; the 191 larger ones in one
+process (ZOO_SWEEP_MIN_PARAMS=3e8 ZOO_SWEEP_MAX_PARAMS=2e9) about an hour, needing ~16 GB.
 """
 
 import gc
