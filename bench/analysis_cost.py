@@ -7,7 +7,7 @@
 2. Memory: zoo.estimate (meta, training step with AdamW, fp32) against one real forward + backward +
    optimizer step on CPU for three small models, measured three ways: PyTorch's MemTracker (live
    tensor bytes, plus the input batch), zoo's LiveBytes tracker on the real tensors, and the growth
-   of the process's peak RSS (ru_maxrss, in a fresh subprocess: includes allocator and kernel
+   of the process's peak RSS (VmHWM after a reset, in a fresh subprocess: includes allocator and kernel
    workspace overhead that no tensor count sees). Also what `accelerate estimate-memory` reports
    (it counts parameters only: weights, and 4x weights for training with Adam).
 

@@ -102,8 +102,10 @@ def test_tiny_round_trip_equals_from_pretrained(tiny, kind):
     assert got.keys() == want.keys()
     for key in want:
         assert got[key].dtype == want[key].dtype and torch.equal(got[key], want[key]), key
-    for (key, a), (_, b) in zip(ref.named_buffers(), m.named_buffers()):  # non-persistent ones too
-        assert torch.equal(a, b), key
+    got_buffers, want_buffers = dict(m.named_buffers()), dict(ref.named_buffers())  # non-persistent ones too
+    assert got_buffers.keys() == want_buffers.keys()
+    for key, b in want_buffers.items():
+        assert torch.equal(got_buffers[key], b), key
     assert torch.equal(forward(m, kind), forward(ref, kind))
 
 
@@ -284,21 +286,24 @@ def test_catalog_ties_are_recorded(catalog):
     assert tied("hf/openai-community/gpt2") == {"lm_head.weight": "transformer.wte.weight"}
 
 
-def test_the_405b_model_is_got_on_meta_in_under_a_second(catalog):
-    import resource
+def _status_kib(key: str) -> int:
+    return next(int(line.split()[1]) for line in open("/proc/self/status") if line.startswith(key + ":"))
 
+
+def test_the_405b_model_is_got_on_meta_in_under_a_second(catalog):
     from zoo import templates
 
     registry = zoo.connect(catalog[0])
     registry.get("hf/meta-llama/Llama-3.2-1B")  # transformers' llama modules imported: not what this measures
     templates.clear()
-    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    open("/proc/self/clear_refs", "w").write("5")  # peak RSS (VmHWM) reset to now: earlier tests' peaks don't hide this one
+    rss = _status_kib("VmHWM")
     start = time.perf_counter()
     m = registry.get("hf/meta-llama/Llama-3.1-405B")
     elapsed = time.perf_counter() - start
     assert sum(p.numel() for p in m.parameters()) == PUBLISHED["hf/meta-llama/Llama-3.1-405B"]["params"]
     assert all(p.is_meta for p in m.parameters()) and m.lm_head.weight.dtype == torch.bfloat16
-    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss < 300 * 1024  # KiB: no weights allocated
+    assert _status_kib("VmHWM") - rss < 300 * 1024  # KiB: no weights allocated
     assert elapsed < 3, f"zoo.get of the 405B took {elapsed:.2f} s (target 1 s on an idle machine)"
 
 

@@ -41,6 +41,7 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from zoo.errors import ZooError
+from zoo.inspection import dtype_name
 
 SCAN_OK, SCAN_ERROR, SCAN_NO_INPUT = "ok", "error", "no-input"
 DEFAULT_BUDGET_S = 120.0  # per model at index time; a forward past it is recorded as an error, not waited for
@@ -64,10 +65,9 @@ class AnalysisError(ZooError, ValueError):
 # Inputs
 
 
-def make_inputs(spec: dict, batch: int = 1, seq_len: int | None = None, dtype=None, device="meta",
-                fill: str = "empty") -> tuple[list, dict]:
-    """The (args, kwargs) an input spec describes. Float tensors take `dtype` (float32 by default);
-    integer ones (token ids) stay integers. fill="random" gives real values (for runs on CPU)."""
+def make_inputs(spec: dict, batch: int = 1, seq_len: int | None = None, dtype=None) -> tuple[list, dict]:
+    """The (args, kwargs) an input spec describes, on meta. Float tensors take `dtype` (float32 by
+    default); integer ones (token ids) stay integers."""
     seq = seq_len if seq_len is not None else spec.get("seq_len")
 
     def one(arg):
@@ -85,9 +85,7 @@ def make_inputs(spec: dict, batch: int = 1, seq_len: int | None = None, dtype=No
         tdtype = (dtype or torch.float32) if float_dtype else kind
 
         def tensor(s):
-            if fill == "random":
-                return torch.rand(s, dtype=tdtype, device=device) if float_dtype else torch.zeros(s, dtype=tdtype, device=device)
-            return torch.empty(s, dtype=tdtype, device=device)
+            return torch.empty(s, dtype=tdtype, device="meta")
 
         if arg.get("list"):
             return [tensor(shape) for _ in range(batch)]
@@ -106,16 +104,16 @@ def input_spec_of(module: nn.Module) -> dict | None:
     return family(recipe.family).describe(recipe.builder, module).get("input")
 
 
-def _as_input(value, dtype=None):
+def _as_input(value):
     """A scan input: a shape (tuple / torch.Size of ints) becomes a meta tensor; tensors go to meta."""
     if isinstance(value, torch.Tensor):
         return value if value.is_meta else value.to("meta")
     if isinstance(value, (tuple, torch.Size)) and all(isinstance(d, int) for d in value):
-        return torch.empty(tuple(value), device="meta", dtype=dtype or torch.float32)
+        return torch.empty(tuple(value), device="meta", dtype=torch.float32)
     if isinstance(value, (list, tuple)):
-        return type(value)(_as_input(v, dtype) for v in value)
+        return type(value)(_as_input(v) for v in value)
     if isinstance(value, dict):
-        return {k: _as_input(v, dtype) for k, v in value.items()}
+        return {k: _as_input(v) for k, v in value.items()}
     return value
 
 
@@ -347,7 +345,7 @@ def _device_context(module: nn.Module):
 def outputs_of(value, path: str = "") -> list:
     """[path, shape, dtype] for every tensor in a (nested) output; path "" for a lone tensor."""
     if isinstance(value, torch.Tensor):
-        return [[path, list(value.shape), str(value.dtype).removeprefix("torch.")]]
+        return [[path, list(value.shape), dtype_name(value.dtype)]]
     out = []
     if isinstance(value, dict):
         items = value.items()
@@ -399,7 +397,6 @@ class Analysis:
     train_activation_bytes: int | None = None  # saved for backward, training mode, batch 1
     peak_activation_bytes: int | None = None  # peak live activations, inference, batch 1
     output_shapes: list | None = None  # [[path, shape, dtype], ...] of the inference output
-    seconds: float = 0.0
 
     def columns(self) -> dict:
         """The registry columns (zoo.registry.tables.Model) this analysis fills."""
@@ -411,8 +408,7 @@ class Analysis:
         }
 
 
-def analyze(module: nn.Module, spec: dict | None, budget_s: float | None = DEFAULT_BUDGET_S,
-            training: bool = True) -> Analysis:
+def analyze(module: nn.Module, spec: dict | None, budget_s: float | None = DEFAULT_BUDGET_S) -> Analysis:
     """Measure a meta module at batch 1 with its input spec; never raises for the model's sake.
 
     Two forwards: eval + no_grad under FlopCounterMode and LiveBytes (flops, inference peak,
@@ -421,8 +417,7 @@ def analyze(module: nn.Module, spec: dict | None, budget_s: float | None = DEFAU
     """
     if not spec:
         return Analysis(SCAN_NO_INPUT)
-    start = time.perf_counter()
-    deadline = start + budget_s if budget_s else None
+    deadline = time.perf_counter() + budget_s if budget_s else None
     try:
         args, kwargs = make_inputs(spec, batch=1)
         known = _known_storages(module, args, kwargs)
@@ -434,23 +429,22 @@ def analyze(module: nn.Module, spec: dict | None, budget_s: float | None = DEFAU
             shapes = outputs_of(out)
             del out
     except Exception as e:  # recorded, not raised: a model that cannot run on meta is a finding
-        return Analysis(SCAN_ERROR, reason(e), seconds=time.perf_counter() - start)
+        return Analysis(SCAN_ERROR, reason(e))
     flops = int(counter.get_total_flops())
     saved, error = None, None
-    if training:
-        # A model that cannot take a training step at batch 1 (BatchNorm over a single value)
-        # keeps its inference figures; the training figure stays empty, with the reason.
-        try:
-            args, kwargs = make_inputs(spec, batch=1)
-            known = _known_storages(module, args, kwargs)
-            with _device_context(module), _mode(module, True), torch.enable_grad():
-                with SavedBytes(known, deadline) as sb:
-                    out = module(*args, **kwargs)
-                saved = sb.bytes
-                del out
-        except Exception as e:
-            error = f"training forward: {reason(e)}"
-    return Analysis(SCAN_OK, error, flops, flops // 2, saved, live.peak, shapes, time.perf_counter() - start)
+    # A model that cannot take a training step at batch 1 (BatchNorm over a single value)
+    # keeps its inference figures; the training figure stays empty, with the reason.
+    try:
+        args, kwargs = make_inputs(spec, batch=1)
+        known = _known_storages(module, args, kwargs)
+        with _device_context(module), _mode(module, True), torch.enable_grad():
+            with SavedBytes(known, deadline) as sb:
+                out = module(*args, **kwargs)
+            saved = sb.bytes
+            del out
+    except Exception as e:
+        error = f"training forward: {reason(e)}"
+    return Analysis(SCAN_OK, error, flops, flops // 2, saved, live.peak, shapes)
 
 
 # --------------------------------------------------------------------------------------------
@@ -630,8 +624,7 @@ def _dtype(dtype) -> torch.dtype:
         raise AnalysisError(f"dtype must be one of {', '.join(DTYPES)}, not {dtype!r}") from None
 
 
-def measure_step(module: nn.Module, args: list, kwargs: dict, training: bool, optimizer: str | None,
-                 tracker_known=()) -> dict:
+def measure_step(module: nn.Module, args: list, kwargs: dict, training: bool, optimizer: str | None) -> dict:
     """Run one inference forward, or one training step (forward, backward, optimizer step) in steady
     state (optimizer states already there), under LiveBytes; works on meta and on real devices alike.
     Returns weights, gradients, optimizer_states, inputs, activations, total (bytes)."""
@@ -639,7 +632,7 @@ def measure_step(module: nn.Module, args: list, kwargs: dict, training: bool, op
     weights = _nbytes_distinct([*params, *module.buffers()])
     inputs = _nbytes_distinct(list(_tensor_leaves((args, kwargs))))
     if not training:
-        known = _known_storages(module, args, kwargs) | set(tracker_known)
+        known = _known_storages(module, args, kwargs)
         with _device_context(module), _mode(module, False), torch.no_grad():
             with LiveBytes(known) as live:
                 out = module(*args, **kwargs)
@@ -656,7 +649,7 @@ def measure_step(module: nn.Module, args: list, kwargs: dict, training: bool, op
         opt.zero_grad(set_to_none=True)
         states = _nbytes_distinct([v for s in opt.state.values() for v in s.values() if isinstance(v, torch.Tensor)])
     gradients = _nbytes_distinct(trainable)
-    known = _known_storages(module, args, kwargs) | set(tracker_known)
+    known = _known_storages(module, args, kwargs)
     for s in (opt.state.values() if opt is not None else ()):
         for v in s.values():
             if isinstance(v, torch.Tensor):
@@ -722,8 +715,8 @@ def estimate(name_or_module, batch: int = 1, dtype="bf16", training: bool = Fals
     Training measures a whole step (forward, backward from the sum of the outputs, optimizer step)
     with the optimizer's states already allocated, as in every step after the first.
     """
-    if batch < 1:
-        raise AnalysisError("batch must be at least 1")
+    if batch < 1 or (seq_len is not None and seq_len < 1):
+        raise AnalysisError("batch and seq_len must be at least 1")
     tdtype = _dtype(dtype)
     if training and optimizer not in OPTIMIZERS:
         raise AnalysisError(f"optimizer must be one of {', '.join(OPTIMIZERS)}, not {optimizer!r}")
@@ -742,6 +735,6 @@ def estimate(name_or_module, batch: int = 1, dtype="bf16", training: bool = Fals
         raise
     except Exception as e:
         raise AnalysisError(f"the model cannot run on meta, so nothing is estimated: {reason(e)}") from e
-    return Estimate(name=name, batch=batch, dtype=str(tdtype).removeprefix("torch."), training=training,
+    return Estimate(name=name, batch=batch, dtype=dtype_name(tdtype), training=training,
                     optimizer=optimizer if training else None,
                     seq_len=seq_len if seq_len is not None else spec.get("seq_len"), **parts)

@@ -80,6 +80,12 @@ def _analysis_rows(info) -> list[tuple[str, str]]:
     return rows
 
 
+def _depth(text: str) -> int:
+    if not text.isdigit():
+        raise argparse.ArgumentTypeError(f"a depth is a whole number >= 0, not {text!r}")
+    return int(text)
+
+
 def _show_tree(zoo, info, args) -> int:
     """The module tree: parameters, bytes and output shapes per module, from zoo.get + a meta forward."""
     from zoo.analysis import scan
@@ -313,14 +319,14 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("name")
     s.add_argument("--tensors", action="store_true", help="list every tensor")
     s.add_argument("--tree", action="store_true", help="module tree: params, bytes, output shapes (runs a meta forward)")
-    s.add_argument("--depth", type=int, default=None, help="with --tree: modules at most N levels deep")
+    s.add_argument("--depth", type=_depth, default=None, help="with --tree: modules at most N levels deep")
     s.add_argument("--json", action="store_true")
     s.set_defaults(run=cmd_show)
 
     s = sub.add_parser("estimate", help="memory for a batch: weights, gradients, optimizer states, activations")
     s.add_argument("name")
     s.add_argument("--batch", type=int, default=1)
-    s.add_argument("--dtype", default="bf16", help="fp32, bf16, fp16")
+    s.add_argument("--dtype", default="bf16", help="fp32, bf16, fp16 or fp64 (or float32, bfloat16, half, ...)")
     s.add_argument("--training", action="store_true", help="a training step (forward, backward, optimizer step)")
     s.add_argument("--optimizer", default="adamw", choices=["adamw", "adam", "sgd", "none"])
     s.add_argument("--seq-len", type=int, default=None, help="sequence length, for models with token inputs")

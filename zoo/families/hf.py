@@ -44,11 +44,11 @@ def check(builder: str, kwargs: dict) -> None:
     config = kwargs.get("config")
     if not isinstance(config, dict):
         raise InvalidRecipe("an hf recipe needs kwargs['config']: the model's config.json as a JSON object")
-    remote = _remote_code_keys(config) | (_REMOTE_CODE_KEYS & kwargs.keys())
+    remote = _remote_code_keys(kwargs)  # the config and any override, at any depth
     if remote:
         raise UntrustedBuilder(f"config asks for remote code ({', '.join(sorted(remote))}); zoo builds only "
                                f"transformers' own classes and never runs code from a repository")
-    if not isinstance(config.get("model_type"), str):
+    if not isinstance(kwargs.get("model_type", config.get("model_type")), str):  # an override wins, as in _config_object
         raise InvalidRecipe("config has no model_type")
 
 

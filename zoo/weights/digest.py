@@ -16,17 +16,20 @@ def weight_files(path: Path) -> list[Path]:
     return [path]
 
 
+def file_sha256(path: Path) -> str:
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
+
+
 def digest(path: str | Path) -> tuple[str, int]:
     """(sha256 hex, bytes): of the file itself, or over `name sha256` lines of a checkpoint's files."""
     path = Path(path)
     files = weight_files(path)
     if len(files) == 1 and files[0] == path:
-        with open(path, "rb") as f:
-            return hashlib.file_digest(f, "sha256").hexdigest(), path.stat().st_size
+        return file_sha256(path), path.stat().st_size
     lines, total = [], 0
     for file in files:
-        with open(file, "rb") as f:
-            lines.append(f"{file.name} {hashlib.file_digest(f, 'sha256').hexdigest()}\n")
+        lines.append(f"{file.name} {file_sha256(file)}\n")
         total += file.stat().st_size
     return hashlib.sha256("".join(lines).encode()).hexdigest(), total
 

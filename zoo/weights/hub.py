@@ -15,6 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from zoo.errors import CheckpointError, HubUnavailable
+from zoo.weights.digest import file_sha256
 
 INDEX = "model.safetensors.index.json"
 SINGLE = "model.safetensors"
@@ -68,7 +69,10 @@ def resolve_hub_weights(uri: str) -> str:
     from zoo.weights.sources import safetensors_files
 
     repo, revision = parse_uri(uri)
-    index = download(repo, INDEX, revision, missing_ok=True)
+    try:
+        index = download(repo, INDEX, revision, missing_ok=True)
+    except HubUnavailable:  # the hub unreachable: a cached single-file checkpoint still serves
+        index = None
     if index is None:
         single = download(repo, SINGLE, revision, missing_ok=True)
         if single is None:
@@ -78,6 +82,8 @@ def resolve_hub_weights(uri: str) -> str:
     else:
         commit = Path(index).parent.name  # the snapshot's commit: every shard from the same one
         shards = [p.name for p in safetensors_files(Path(index))]
+        if not shards:
+            raise CheckpointError(f"{uri}: {INDEX} lists no shards")
         with ThreadPoolExecutor(min(8, len(shards))) as pool:
             files = [index, *pool.map(lambda s: download(repo, s, commit), shards)]
         result = index
@@ -102,7 +108,7 @@ def _check_hashes(uri: str, repo: str, files: list[str]) -> None:
         file, blob, key, expected = job
         if expected is None:
             return  # a copied (not symlinked) cache, offline: nothing to check against
-        actual = _sha256(blob) if len(expected) == 64 else _git_sha1(blob)
+        actual = file_sha256(blob) if len(expected) == 64 else _git_sha1(blob)
         if actual != expected:
             kind = "sha256" if len(expected) == 64 else "git blob sha1"
             raise CheckpointError(f"{uri}: {Path(file).name}: {kind} {actual} differs from the hub's {expected}; "
@@ -123,11 +129,6 @@ def _hashes_from_api(repo: str, files: list[str]) -> dict[str, str]:
     except Exception:  # no answer: the files stay unchecked, as offline
         return {}
     return {i.path: (i.lfs.sha256 if getattr(i, "lfs", None) else i.blob_id) for i in infos if hasattr(i, "blob_id")}
-
-
-def _sha256(path: Path) -> str:
-    with open(path, "rb") as f:
-        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 def _git_sha1(path: Path) -> str:

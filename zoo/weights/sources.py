@@ -124,14 +124,15 @@ class TensorDictSource(Source):
         dest.copy_(src if rows is None else src[rows[0]:rows[1]])
 
 
-def load_pickle(path: Path) -> dict:
-    """A torch checkpoint, memory-mapped, refusing any pickle that would run code."""
+def load_pickle(path: Path, on_meta: bool = False) -> dict:
+    """A torch checkpoint, memory-mapped (or on meta: no data read), refusing any pickle that would run code."""
     import pickle
 
     import torch
 
     try:
-        obj = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+        obj = (torch.load(path, map_location="meta", weights_only=True) if on_meta else
+               torch.load(path, map_location="cpu", weights_only=True, mmap=True))
     except (pickle.UnpicklingError, RuntimeError, EOFError, ValueError, OSError) as e:
         raise CheckpointError(f"{path}: not a loadable weights-only torch checkpoint: {str(e).splitlines()[0]}") from None
     return unwrap_state_dict(obj, path)
@@ -201,15 +202,6 @@ def specs_of(weights) -> dict[str, Spec]:
         return TensorDictSource(unwrap_state_dict(weights, "state dict")).specs
     path = Path(weights)
     if path.suffix in PICKLE_SUFFIXES and path.is_file():
-        import pickle
-
-        import torch
-
-        try:
-            obj = torch.load(path, map_location="meta", weights_only=True)
-        except (pickle.UnpicklingError, RuntimeError, EOFError, ValueError, OSError) as e:
-            raise CheckpointError(f"{path}: not a loadable weights-only torch checkpoint: {str(e).splitlines()[0]}") from None
-        tensors = unwrap_state_dict(obj, path)
-        return {k: Spec(str(v.dtype).removeprefix("torch."), tuple(v.shape)) for k, v in tensors.items()}
+        return TensorDictSource(load_pickle(path, on_meta=True)).specs
     with open_source(path) as source:
         return source.specs
