@@ -483,3 +483,25 @@ def test_hf_uri_downloads_from_a_local_hub_when_online(tiny, hub_cache, monkeypa
     snapshot = hub_cache / "models--test-org--tiny-llama" / "snapshots" / COMMIT
     assert {p.name for p in snapshot.iterdir()} == {n for n in HubHandler.files if "safetensors" in n}
     shutil.rmtree(hub_cache / "models--test-org--tiny-llama")
+
+
+def test_hf_uri_a_cached_single_file_serves_when_the_hub_is_unreachable(tiny, hub_cache, monkeypatch, tmp_path):
+    """Online but with the hub down: the index is unknown, the cached model.safetensors still loads."""
+    from huggingface_hub import constants
+    from safetensors.torch import save_file
+
+    registry, dirs = tiny
+    ref = transformers.AutoModelForCausalLM.from_pretrained(dirs["llama"])
+    single = tmp_path / "single"
+    single.mkdir()
+    state = {k: v.contiguous() for k, v in ref.state_dict().items() if k != "lm_head.weight"}  # tied: stored once
+    save_file(state, str(single / "model.safetensors"))
+    populate_cache(hub_cache, REPO, single)
+    server = ThreadingHTTPServer(("127.0.0.1", 0), HubHandler)
+    endpoint = f"http://127.0.0.1:{server.server_address[1]}"
+    server.server_close()  # nothing listens there: connections are refused
+    monkeypatch.setattr(constants, "ENDPOINT", endpoint)
+    monkeypatch.setattr(constants, "HUGGINGFACE_CO_URL_TEMPLATE", endpoint + "/{repo_id}/resolve/{revision}/{filename}")
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    m = registry.get("hf/test/tiny-llama").materialize(weights=f"hf://{REPO}")
+    assert torch.equal(forward(m, "llama"), forward(ref, "llama"))
