@@ -23,7 +23,7 @@ test: $(STAMP)
 	$(BIN)/python -m pytest -q
 
 test-fast: $(STAMP)
-	$(BIN)/python -m pytest -q -m "not slow"
+	$(BIN)/python -m pytest -q -m "not slow and not sweep"
 
 # Every model through materialize (round trip and init); 1-2 hours, see tests/test_zoo_sweep.py; results in sweep-results.json.
 sweep: $(STAMP)

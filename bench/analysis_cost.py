@@ -36,7 +36,8 @@ def index_cost(sample: int, seed: int) -> dict:
 
     from zoo.analysis import analyze
     from zoo.build import build_meta
-    from zoo.families import Recipe, family
+    from zoo.families import family
+    from zoo.recipe import Recipe
     from zoo.inspection import inspect_module
 
     torch.set_num_threads(1)
@@ -78,7 +79,7 @@ warnings.simplefilter("ignore")
 torch.set_num_threads(1)
 from zoo.analysis import loss_of, make_optimizer
 from zoo.build import build_real
-from zoo.families import Recipe
+from zoo.recipe import Recipe
 fam, builder, batch = sys.argv[1], sys.argv[2], int(sys.argv[3])
 torch.manual_seed(0)
 model = build_real(Recipe(fam, builder), "cpu").train()
@@ -100,7 +101,7 @@ def memory(batch: int) -> list[dict]:
 
     from zoo.analysis import estimate, loss_of, make_optimizer, measure_step
     from zoo.build import build_meta, build_real
-    from zoo.families import Recipe
+    from zoo.recipe import Recipe
 
     torch.set_num_threads(1)
     rows = []

@@ -48,11 +48,11 @@ def make_model() -> int:
 
 
 def index() -> None:
-    from zoo.families.hf import index_sources
+    import zoo
 
-    url = f"sqlite:///{REGISTRY}"
+    registry = zoo.connect(f"sqlite:///{REGISTRY}")
     for source, name in ((str(MODEL_DIR), NAME), (str(ROOT / "catalog/hf/meta-llama__Llama-3.1-405B.json"), BIG)):
-        outcome = index_sources(url, [source], name=name)
+        outcome = registry.index("hf", [source], name=name)
         if outcome.failed:
             raise RuntimeError(outcome.failed)
 

@@ -12,7 +12,7 @@ from torch import nn
 
 from tests.conftest import ROOT, cli_json, run_cli
 from zoo.analysis import LiveBytes, analyze, loss_of, make_optimizer, measure_step, scan
-from zoo.families import Recipe
+from zoo.recipe import Recipe
 
 # ---------------------------------------------------------------------------------------------
 # torchvision agreement: every model whose DEFAULT weights publish _ops (GFLOPS as torchvision counts
@@ -264,13 +264,13 @@ def test_scan_matches_a_real_forward(zoo_at, name):
     family, builder = name.split("/")
     real = build_real(Recipe(family, builder), "cpu")
     expected = _real_shapes(real, torch.rand(2, 3, 224, 224))
-    by_name = scan(name, (2, 3, 224, 224))  # a shape: a meta float32 tensor
+    by_name = zoo_at.scan(name, (2, 3, 224, 224))  # a shape: a meta float32 tensor
     by_module = zoo_at.scan(zoo_at.get(name), torch.empty(2, 3, 224, 224))  # a CPU tensor: moved to meta
     for result in (by_name, by_module):
         got = {m.name: m.outputs for m in result.modules if m.calls}
         assert got == expected
         assert result.outputs == expected[""]
-    default = scan(name)  # the recorded input, batch 1
+    default = zoo_at.scan(name)  # the recorded input, batch 1
     assert default.outputs == [["", [1, 1000], "float32"]]
     assert zoo_at.scan(zoo_at.get(name)).outputs == default.outputs  # a gotten module knows its input too
     assert default[""].params == zoo_at.info(name).params

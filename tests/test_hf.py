@@ -161,7 +161,7 @@ def test_overrides_rebuild_with_other_config_fields(tiny):
 
 def test_only_allowed_auto_classes_and_no_remote_code():
     from zoo.build import build_meta
-    from zoo.families import Recipe
+    from zoo.recipe import Recipe
     from zoo.families import hf
 
     config = {"model_type": "llama", "hidden_size": 64}
@@ -179,11 +179,9 @@ def test_only_allowed_auto_classes_and_no_remote_code():
 
 
 def test_unknown_model_type_is_an_error_recorded_at_index_time(tmp_path):
-    from zoo.families.hf import index_sources
-
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "no-such-model", "architectures": ["X"]}))
     url = f"sqlite:///{tmp_path / 'r.db'}"
-    outcome = index_sources(url, [str(tmp_path)], name="hf/test/unknown")
+    outcome = zoo.connect(url).index("hf", [str(tmp_path)], name="hf/test/unknown")
     assert "no-such-model" in outcome.failed["hf/test/unknown"]
     info = zoo.connect(url).info("hf/test/unknown")
     assert info.status == "error" and "not known to the installed transformers" in info.error
@@ -401,16 +399,15 @@ def test_hf_uri_offline_without_the_files_is_a_clear_error(tiny, hub_cache):
 
 
 def test_index_a_hub_repo_id_from_the_cache(tiny, hub_cache, tmp_path):
-    from zoo.families.hf import index_sources
-
     _, dirs = tiny
     populate_cache(hub_cache, REPO, dirs["llama"])
     url = f"sqlite:///{tmp_path / 'r.db'}"
-    outcome = index_sources(url, [REPO])
+    registry = zoo.connect(url)
+    outcome = registry.index("hf", [REPO])
     assert outcome.indexed == ["hf/test-org/tiny-llama"]
-    assert index_sources(url, [f"hf://{REPO}@{COMMIT}"], name="pinned").indexed == ["hf/pinned"]
-    assert index_sources(url, [REPO]).unchanged == ["hf/test-org/tiny-llama"]
-    assert "HF_HUB_OFFLINE" in index_sources(url, ["test-org/absent"]).failed["test-org/absent"]
+    assert registry.index("hf", [f"hf://{REPO}@{COMMIT}"], name="pinned").indexed == ["hf/pinned"]
+    assert registry.index("hf", [REPO]).unchanged == ["hf/test-org/tiny-llama"]
+    assert "HF_HUB_OFFLINE" in registry.index("hf", ["test-org/absent"]).failed["test-org/absent"]
     info = zoo.connect(url).info("hf/test-org/tiny-llama")
     assert info.params == zoo.connect(url).info("hf/pinned").params > 0
 

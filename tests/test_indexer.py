@@ -47,7 +47,7 @@ def test_index_is_idempotent(fresh_url):
 
 
 def test_a_failing_build_is_recorded_not_raised(fresh_url):
-    from zoo.families import Recipe
+    from zoo.recipe import Recipe
 
     record = indexer.index_one(fresh_url, "user/broken", Recipe("user", "tests.builders:broken"), trusted={"tests"})
     assert record["status"] == "error" and "this builder always fails" in record["error"]

@@ -279,6 +279,41 @@ def test_lazy_dispatch_materializes_on_first_forward(zoo_at, tmp_path):
     assert not _still_meta(m) and not m._forward_pre_hooks
 
 
+def test_a_failed_lazy_load_keeps_the_hook_until_a_load_works(zoo_at, tmp_path):
+    path = tmp_path / "later.safetensors"
+    m = zoo_at.get("timm/resnet18", weights=str(path), dispatch="lazy")
+    x = example_input("timm/resnet18")
+    with pytest.raises(CheckpointError, match="no such weights file"):
+        m(x)
+    assert _still_meta(m) and m._forward_pre_hooks  # not a meta-tensor error on the next call
+    eager = eager_model("timm/resnet18")
+    save_file(dict(eager.state_dict()), str(path))
+    m.eval(), eager.eval()
+    with torch.no_grad():
+        assert torch.equal(m(x), eager(x))
+    assert not m._forward_pre_hooks
+
+
+def test_a_gotten_module_pickles_and_materializes_after_loading(zoo_at, tmp_path):
+    import pickle
+
+    eager = eager_model("timm/resnet18")
+    back = pickle.loads(pickle.dumps(zoo_at.get("timm/resnet18")))
+    assert _still_meta(back)
+    assert_same_model(back.materialize(weights=save(tmp_path, eager)), eager, "timm/resnet18")
+    torch.manual_seed(0)
+    initialized = pickle.loads(pickle.dumps(zoo_at.get("timm/resnet18"))).materialize()
+    for k, v in eager_model("timm/resnet18", seed=0).state_dict().items():
+        assert torch.equal(initialized.state_dict()[k], v), k
+
+
+def test_dtype_without_a_device_or_weights_is_refused_not_dropped(zoo_at):
+    with pytest.raises(zoo.InvalidArgument, match="dtype applies when the model is materialized"):
+        zoo_at.get("timm/resnet18", dtype=torch.bfloat16)
+    m = zoo_at.get("timm/resnet18", device="cpu", dtype=torch.bfloat16)
+    assert m.fc.weight.dtype == torch.bfloat16 and m.bn1.num_batches_tracked.dtype == torch.int64
+
+
 def test_get_with_weights_is_a_one_liner(zoo_at, tmp_path):
     eager = eager_model("timm/vit_tiny_patch16_224")
     m = zoo_at.get("timm/vit_tiny_patch16_224", weights=save(tmp_path, eager), device="cpu")

@@ -92,7 +92,7 @@ def test_a_build_never_downloads():
 
     from zoo.build import build_meta
     from zoo.errors import DownloadBlocked
-    from zoo.families import Recipe
+    from zoo.recipe import Recipe
 
     with pytest.raises(DownloadBlocked, match="127.0.0.1:9"):
         build_meta(Recipe("user", "tests.builders:downloads"), trusted={"tests"})
@@ -103,7 +103,7 @@ def test_a_build_never_downloads():
 
 def test_torchvision_builds_turn_backbone_weights_off():
     from zoo.build import build_meta
-    from zoo.families import Recipe
+    from zoo.recipe import Recipe
 
     m = build_meta(Recipe("torchvision", "fasterrcnn_mobilenet_v3_large_fpn"))
     assert all(p.is_meta for p in m.parameters())

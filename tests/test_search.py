@@ -1,4 +1,4 @@
-"""zoo.search: the search language, its SQL, and its errors, against a real SQLite registry."""
+"""zoo.search: the search language (zoo.query), its SQL, and its errors, against a real SQLite registry."""
 
 import fnmatch
 import functools
@@ -20,9 +20,8 @@ from sqlalchemy.orm import Session
 
 from zoo.errors import SearchSyntaxError
 from zoo.registry.tables import Base, Model
-from zoo.search import (
-    FIELDS, MAX_COMPARISONS, MAX_DEPTH, MAX_LENGTH, And, Compare, F, Not, Or, compile_search, parse, sort_clause,
-)
+from zoo.query import FIELDS, MAX_COMPARISONS, MAX_DEPTH, MAX_LENGTH, And, Compare, F, Not, Or, parse
+from zoo.registry.sql import compile_search, sort_clause
 
 REPO = Path(__file__).resolve().parents[1]
 STRING_FIELDS = ["name", "short", "family", "builder", "arch", "task", "status", "dtype", "scan_status"]
@@ -544,10 +543,10 @@ def test_search_does_not_import_torch():
 
     probe = run("import sys, zoo.registry.tables, zoo.errors; import zoo; print('torch' in sys.modules)")
     if probe.returncode == 0 and probe.stdout.strip() == "True":
-        pytest.skip("importing the zoo package (zoo/__init__.py or zoo.registry) imports torch, not zoo.search")
+        pytest.skip("importing the zoo package (zoo/__init__.py or zoo.registry) imports torch, not the search")
     code = (
-        "import sys, zoo.search\n"
-        "from zoo.search import compile_search, sort_clause\n"
+        "import sys, zoo.query\n"
+        "from zoo.registry.sql import compile_search, sort_clause\n"
         "from sqlalchemy import create_engine, select\n"
         "from zoo.registry.tables import Base, Model\n"
         "engine = create_engine('sqlite://')\n"
@@ -555,7 +554,7 @@ def test_search_does_not_import_torch():
         "with engine.connect() as conn:\n"
         "    conn.execute(select(Model.id).where(compile_search('params<7B and name~*vit*'))"
         ".order_by(sort_clause('-params'))).all()\n"
-        "assert 'torch' not in sys.modules, 'zoo.search imported torch'\n"
+        "assert 'torch' not in sys.modules, 'zoo.query or zoo.registry.sql imported torch'\n"
     )
     result = run(code)
     assert result.returncode == 0, result.stderr

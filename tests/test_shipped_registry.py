@@ -7,8 +7,9 @@ import pytest
 import zoo
 from tests.conftest import ROOT
 from zoo import indexer
-from zoo.families import Recipe, family
-from zoo.info import decode_tensors
+from zoo.families import family
+from zoo.recipe import Recipe
+from zoo.model_info import decode_tensors
 
 SHIPPED = ROOT / "registry.db"
 FAMILIES = ["timm", "torchvision"]

@@ -1,21 +1,34 @@
 """zoo: find, size, plan and load PyTorch models from a registry built on the meta device.
 
 Importing zoo is cheap: search and info never import torch; get() imports it when first called.
+The functions here work on the default registry ($ZOO_REGISTRY, else the shipped registry.db);
+zoo.connect(url) gives a Zoo with the same methods on any other.
 """
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
 
 from zoo.api import Zoo, connect
 from zoo.errors import (
-    AmbiguousName, BuildFailed, CheckpointError, InvalidRecipe, ModelNotFound, NotBuildable, RegistryDrift,
-    RegistryNotFound, SchemaOutdated, SearchSyntaxError, UntrustedBuilder, WeightsMismatch, ZooError,
+    AmbiguousName, AnalysisError, AnalysisTimeout, BuildFailed, CheckpointError, DownloadBlocked, HubUnavailable,
+    InvalidArgument, InvalidComparison, InvalidRecipe, MaterializeError, ModelNotFound, NotBuildable, RegistryDrift,
+    RegistryNotFound, SchemaOutdated, SearchSyntaxError, UnknownFamily, UntrustedBuilder, WeightsMismatch, ZooError,
 )
-from zoo.info import ModelInfo
 from zoo.inspection import TensorInfo
-from zoo.search import FIELDS, F
+from zoo.model_info import ModelInfo
+from zoo.query import FIELDS, F
+
+if TYPE_CHECKING:
+    from torch import nn
+
+    from zoo.analysis import Estimate, Scan
+    from zoo.weights.fit import Fit
 
 
-def get(name: str, **overrides):
+def get(name: str, **options) -> nn.Module:
     """The model as an nn.Module of its own class, every tensor on meta (see Zoo.get)."""
-    return Zoo().get(name, **overrides)
+    return Zoo().get(name, **options)
 
 
 def info(name: str, tensors: bool = False) -> ModelInfo:
@@ -23,7 +36,7 @@ def info(name: str, tensors: bool = False) -> ModelInfo:
     return Zoo().info(name, tensors)
 
 
-def check(name: str, weights, key_map=None):
+def check(name: str, weights, key_map=None) -> Fit:
     """How a checkpoint fits a model, from metadata alone (see Zoo.check)."""
     return Zoo().check(name, weights, key_map)
 
@@ -33,20 +46,20 @@ def search(expression=None, order_by: str | None = None, limit: int | None = 100
     return Zoo().search(expression, order_by, limit)
 
 
-def scan(name_or_module, *inputs_or_shapes, **options):
+def scan(name_or_module, *inputs_or_shapes, registry: str | Zoo | None = None, **options) -> Scan:
     """Per-module output shapes and dtypes from one forward on meta, no weights (see zoo.analysis.scan)."""
-    from zoo.analysis import scan as _scan  # torch only now, not when zoo is imported
-
-    return _scan(name_or_module, *inputs_or_shapes, **options)
+    return _registry(registry).scan(name_or_module, *inputs_or_shapes, **options)
 
 
-def estimate(name, batch: int = 1, dtype="bf16", training: bool = False, optimizer: str = "adamw",
-             seq_len: int | None = None, registry=None):
+def estimate(name_or_module, batch: int = 1, dtype="bf16", training: bool = False, optimizer: str = "adamw",
+             seq_len: int | None = None, registry: str | Zoo | None = None) -> Estimate:
     """Bytes for weights, gradients, optimizer states and activations, measured on meta (see zoo.analysis.estimate)."""
-    from zoo.analysis import estimate as _estimate
+    return _registry(registry).estimate(name_or_module, batch=batch, dtype=dtype, training=training,
+                                        optimizer=optimizer, seq_len=seq_len)
 
-    return _estimate(name, batch=batch, dtype=dtype, training=training, optimizer=optimizer, seq_len=seq_len,
-                     registry=registry)
+
+def _registry(registry) -> Zoo:
+    return registry if isinstance(registry, Zoo) else Zoo(registry)
 
 
 fields = FIELDS
@@ -54,6 +67,8 @@ fields = FIELDS
 __all__ = [
     "Zoo", "connect", "get", "info", "search", "check", "scan", "estimate", "F", "FIELDS", "fields", "ModelInfo",
     "TensorInfo",
-    "ZooError", "ModelNotFound", "AmbiguousName", "SearchSyntaxError", "BuildFailed", "NotBuildable",
-    "InvalidRecipe", "UntrustedBuilder", "SchemaOutdated", "RegistryDrift", "RegistryNotFound", "CheckpointError", "WeightsMismatch",
+    "ZooError", "ModelNotFound", "AmbiguousName", "SearchSyntaxError", "InvalidComparison", "BuildFailed",
+    "NotBuildable", "InvalidRecipe", "InvalidArgument", "UntrustedBuilder", "UnknownFamily", "SchemaOutdated",
+    "RegistryDrift", "RegistryNotFound", "CheckpointError", "WeightsMismatch", "HubUnavailable", "DownloadBlocked",
+    "MaterializeError", "AnalysisError", "AnalysisTimeout",
 ]

@@ -1,12 +1,23 @@
-"""The public operations on one registry: get, info, search, check, and weights recorded by tag."""
+"""The public operations on one registry: find (search, info), build (get, scan, estimate), load
+(check, weights), and record (index, remove, the schema). The CLI and any other reader go through here."""
+
+from __future__ import annotations
 
 import json
+from typing import TYPE_CHECKING
 
 from zoo.constants import registry_url
-from zoo.errors import BuildFailed, NotBuildable, RegistryDrift
-from zoo.families import Recipe
-from zoo.info import ModelInfo
+from zoo.errors import BuildFailed, CheckpointError, InvalidArgument, NotBuildable, RegistryDrift, WeightsMismatch
+from zoo.model_info import ModelInfo
+from zoo.recipe import Recipe
 from zoo.registry import db, store
+
+if TYPE_CHECKING:  # torch only when a module is built
+    from torch import nn
+
+    from zoo.analysis import Estimate, Scan
+    from zoo.indexer import Outcome
+    from zoo.weights.fit import Fit
 
 
 class Zoo:
@@ -20,6 +31,8 @@ class Zoo:
     def __repr__(self) -> str:
         return f"Zoo({self.url!r})"
 
+    # --- find ---------------------------------------------------------------------------------
+
     def info(self, name: str, tensors: bool = False) -> ModelInfo:
         """The recorded metadata of a model, without importing torch; tensors=True adds its tensor table."""
         with db.session(self.url) as s:
@@ -30,30 +43,31 @@ class Zoo:
         with db.session(self.url) as s:
             return store.search(s, expression, order_by, limit)
 
-    def get(self, name: str, weights=None, device=None, dtype=None, dispatch: str = "now", **overrides):
+    # --- build --------------------------------------------------------------------------------
+
+    def get(self, name: str, weights=None, device=None, dtype=None, dispatch: str = "now", **overrides) -> nn.Module:
         """A fresh instance of the model's own class with every tensor on meta; overrides rebuild with
         those kwargs. The module has .materialize(device, weights, ...) (see zoo.materialize).
 
-        With weights or device it is materialized at once; dispatch="lazy" defers that to the
-        module's first forward call.
+        With weights or device it is materialized at once (in `dtype`); dispatch="lazy" defers that to
+        the module's first forward call, and keeps deferring until a load succeeds.
         """
         if dispatch not in ("now", "lazy"):
-            raise ValueError(f"dispatch must be 'now' or 'lazy', not {dispatch!r}")
+            raise InvalidArgument(f"dispatch must be 'now' or 'lazy', not {dispatch!r}")
+        if dtype is not None and weights is None and device is None:
+            raise InvalidArgument("dtype applies when the model is materialized: give device= or weights= too, "
+                                  "or call .materialize(dtype=...) on the module")
         module = self._get_meta(name, overrides)
         if weights is None and device is None:
             return module
         options = dict(device=device or "cpu", weights=weights, dtype=dtype)
         if dispatch == "now":
             return module.materialize(**options)
-
-        def on_first_call(mod, args, kwargs):
-            handle.remove()
-            mod.materialize(**options)
-
-        handle = module.register_forward_pre_hook(on_first_call, with_kwargs=True)
+        load = _LoadOnFirstCall(options)
+        load.handle = module.register_forward_pre_hook(load, with_kwargs=True)
         return module
 
-    def _get_meta(self, name: str, overrides: dict):
+    def _get_meta(self, name: str, overrides: dict) -> nn.Module:
         from zoo import templates
         from zoo.build import build_meta
 
@@ -74,12 +88,36 @@ class Zoo:
             return module
 
         module = templates.cached(key, build)
-        _attach_materialize(module, recipe, self, row.name)
+        module.__dict__["_zoo_recipe"] = recipe
+        module.__dict__["materialize"] = _Materializer(module, self.url, row.name)
         return module
 
-    def check(self, name: str, weights, key_map=None):
+    def _module(self, name_or_module) -> nn.Module:
+        return self.get(name_or_module) if isinstance(name_or_module, str) else name_or_module
+
+    def scan(self, name_or_module, *inputs, **options) -> Scan:
+        """Every module's output shapes and dtypes from one meta forward (see zoo.analysis.scan)."""
+        from zoo.analysis import scan
+
+        return scan(self._module(name_or_module), *inputs, **options)
+
+    def estimate(self, name_or_module, batch: int = 1, dtype="bf16", training: bool = False,
+                 optimizer: str = "adamw", seq_len: int | None = None) -> Estimate:
+        """Bytes for weights, gradients, optimizer states and activations, measured on meta (see
+        zoo.analysis.estimate); the options are checked before the model is built."""
+        from zoo.analysis import estimate
+        from zoo.analysis.memory import check_options
+
+        check_options(batch, dtype, training, optimizer, seq_len)
+        name = name_or_module if isinstance(name_or_module, str) else None
+        return estimate(self._module(name_or_module), batch=batch, dtype=dtype, training=training,
+                        optimizer=optimizer, seq_len=seq_len, name=name)
+
+    # --- load ---------------------------------------------------------------------------------
+
+    def check(self, name: str, weights, key_map=None) -> Fit:
         """How a checkpoint fits a model, from the registry and the file's metadata alone (no tensor
-        data read; torch is imported only for pickles): a zoo.weights.fit.Fit."""
+        data read; torch is imported only for pickles)."""
         from zoo.weights.fit import fit, targets_from_table
         from zoo.weights.sources import specs_of
 
@@ -88,11 +126,10 @@ class Zoo:
             raise BuildFailed(f"{info.name} has no recorded tensors (status {info.status})")
         return fit(targets_from_table(info.tensor_table), specs_of(self.weights_path(info.name, weights)), key_map)
 
-    def add_weights(self, name: str, path, tag: str = "default", strict: bool = True):
-        """Record a weights file for a model under a tag, with its sha256, once it fits the model."""
+    def add_weights(self, name: str, path, tag: str = "default", strict: bool = True) -> str:
+        """Record a weights file for a model under a tag, with its sha256, once it fits the model; returns the sha256."""
         from pathlib import Path
 
-        from zoo.errors import WeightsMismatch
         from zoo.weights.digest import digest
 
         path = Path(path).resolve()
@@ -119,35 +156,97 @@ class Zoo:
             entry = store.weights_entry(s, store.resolve(s, name).name, weights)
             tags = [w["tag"] for w in store.info(s, name).weights]
         if entry is None:
-            from zoo.errors import CheckpointError
-
             raise CheckpointError(f"{weights!r} is neither a file nor a weights tag of {name} "
                                   f"(tags: {', '.join(tags) or 'none; add one with `zoo weights add`'})")
         verify(entry.path, entry.sha256)
         return entry.path
 
+    # --- record -------------------------------------------------------------------------------
 
-def _attach_materialize(module, recipe: Recipe, registry: "Zoo", name: str) -> None:
-    """Give a gotten module its recipe (to initialize or rebuild buffers) and a .materialize method."""
-    import types
+    def index(self, source: str, targets=(), jobs: int = 1, force: bool = False, name: str | None = None,
+              revision: str | None = None, progress=None) -> Outcome:
+        """Build models on meta and record them; unchanged ones are skipped unless force.
 
-    from zoo.materialize import materialize
+        source "timm" or "torchvision": targets are glob patterns (none: every model). source "hf":
+        targets are config sources (config.json files, directories, catalog files, hub repo ids),
+        with `name` for a single one and `revision` for repo ids. progress(name, done, total) after each.
+        """
+        from zoo import indexer
 
-    def bound(self, device="cpu", weights=None, dtype=None, strict=True, key_map=None, copy=True,
-              cast_non_persistent=False):
-        weights = registry.weights_path(name, weights)
-        return materialize(self, device=device, weights=weights, dtype=dtype, strict=strict, key_map=key_map,
-                           copy=copy, cast_non_persistent=cast_non_persistent, recipe=recipe)
+        if source == "hf":
+            return indexer.index_configs(self.url, list(targets), name, revision, force, progress=progress)
+        if name is not None or revision is not None:
+            raise InvalidArgument(f"name and revision apply to hf sources, not to {source}")
+        return indexer.index_family(self.url, source, list(targets), jobs=jobs, force=force, progress=progress)
 
-    bound.__doc__ = materialize.__doc__
-    module.__dict__["_zoo_recipe"] = recipe
-    module.__dict__["materialize"] = types.MethodType(bound, module)
+    def index_builder(self, builder: str, name: str, kwargs: dict | None = None) -> dict:
+        """Index a model built by a user's MODULE:FUNCTION (its package trusted for this call); returns its row."""
+        from zoo import indexer
+
+        recipe = Recipe("user", builder, kwargs or {})
+        full = name if "/" in name else f"user/{name}"
+        return indexer.index_one(self.url, full, recipe, trusted={builder.split(":")[0].split(".")[0]})
+
+    def index_checkpoint(self, path, name: str | None = None) -> dict:
+        """Record a weights file's tensors (no module); returns its row."""
+        from pathlib import Path
+
+        from zoo import indexer
+
+        return indexer.index_checkpoint(self.url, str(path), name or f"checkpoint/{Path(path).stem}")
+
+    def remove(self, name: str) -> str:
+        """Delete a model, its tensors and its recorded weights; returns its full name."""
+        with db.session(self.url, write=True) as s, s.begin():
+            return store.remove(s, name)
+
+    def upgrade(self, revision: str = "head") -> str | None:
+        """Bring the schema to `revision` through the alembic migrations; returns the revision now."""
+        db.upgrade(self.url, revision)
+        return self.revision()
+
+    def revision(self) -> str | None:
+        """The schema revision of the registry, None for an empty database."""
+        return db.current_revision(db.engine(self.url))
+
+    def compact(self) -> None:
+        """Fold the write-ahead log into the file and shrink it (SQLite; a no-op elsewhere)."""
+        db.compact(self.url)
+
+
+class _Materializer:
+    """A gotten module's .materialize(device="cpu", weights=None, dtype=None, strict=True, key_map=None,
+    copy=True, cast_non_persistent=False) (see zoo.materialize.materialize); `weights` may also be a tag
+    recorded for the model or hf://ORG/NAME. An object, not a closure, so that the module pickles."""
+
+    def __init__(self, module, url: str, name: str):
+        self.module, self.url, self.name = module, url, name
+
+    def __call__(self, device="cpu", weights=None, dtype=None, strict=True, key_map=None, copy=True,
+                 cast_non_persistent=False):
+        from zoo.materialize import materialize
+
+        weights = Zoo(self.url).weights_path(self.name, weights)
+        return materialize(self.module, device=device, weights=weights, dtype=dtype, strict=strict, key_map=key_map,
+                           copy=copy, cast_non_persistent=cast_non_persistent,
+                           recipe=self.module.__dict__.get("_zoo_recipe"))
+
+
+class _LoadOnFirstCall:
+    """dispatch="lazy": a forward pre-hook that materializes the module, and removes itself once that worked."""
+
+    def __init__(self, options: dict):
+        self.options, self.handle = options, None
+
+    def __call__(self, module, args, kwargs):
+        module.materialize(**self.options)
+        self.handle.remove()
 
 
 def _check_against_record(name: str, module, recorded: bytes) -> None:
     """A build must match its row: the installed library may differ from the one that indexed it."""
-    from zoo.info import decode_tensors
     from zoo.inspection import inspect_module
+    from zoo.model_info import decode_tensors
 
     want = {t.name: (t.shape, t.dtype) for t in decode_tensors(recorded)}
     got = {t.name: (t.shape, t.dtype) for t in inspect_module(module).tensor_table}
@@ -158,4 +257,5 @@ def _check_against_record(name: str, module, recorded: bytes) -> None:
 
 
 def connect(url: str | None = None) -> Zoo:
+    """The registry at a SQLAlchemy URL or file path (None: $ZOO_REGISTRY, else the shipped registry.db)."""
     return Zoo(url)

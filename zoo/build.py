@@ -4,7 +4,8 @@ import contextlib
 import os
 
 from zoo.errors import BuildFailed, DownloadBlocked, ZooError
-from zoo.families import Recipe, family
+from zoo.families import family
+from zoo.recipe import Recipe
 
 
 @contextlib.contextmanager

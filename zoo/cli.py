@@ -4,37 +4,9 @@ import argparse
 import json
 import sys
 
+from zoo import render
+from zoo.render import human, table
 from zoo.errors import ZooError
-
-SEARCH_COLUMNS = ("name", "params", "bytes", "task", "arch")
-
-
-def human(n: int | None, unit: str = "") -> str:
-    if n is None:
-        return "-"
-    if unit == "B":
-        for suffix, size in (("TiB", 1 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-            if n >= size:
-                return f"{n / size:.1f} {suffix}"
-        return f"{n} B"
-    for suffix, size in (("T", 1e12), ("B", 1e9), ("M", 1e6), ("K", 1e3)):
-        if n >= size:
-            return f"{n / size:.2f}{suffix}"
-    return str(n)
-
-
-def _cell(info, column: str) -> str:
-    value = getattr(info, column)
-    if column == "params":
-        return human(value)
-    if column == "bytes":
-        return human(value, "B")
-    return "-" if value is None else str(value)
-
-
-def _table(rows: list[list[str]]) -> str:
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows)
 
 
 def cmd_search(zoo, args) -> int:
@@ -45,39 +17,11 @@ def cmd_search(zoo, args) -> int:
     if not found:
         print("no models match", file=sys.stderr)
         return 0
-    print(_table([list(SEARCH_COLUMNS)] + [[_cell(i, c) for c in SEARCH_COLUMNS] for i in found]))
+    columns = render.SEARCH_COLUMNS
+    print(table([list(columns)] + [[render.cell(i, c) for c in columns] for i in found]))
     if args.limit and len(found) == args.limit:
         print(f"(first {args.limit}; --limit 0 for all)", file=sys.stderr)
     return 0
-
-
-def si(n: int | None, unit: str) -> str:
-    """1.82e9, "FLOPs" -> "1.82 GFLOPs" (powers of 1000)."""
-    if n is None:
-        return "-"
-    for prefix, size in (("P", 1e15), ("T", 1e12), ("G", 1e9), ("M", 1e6), ("K", 1e3)):
-        if n >= size:
-            return f"{n / size:.2f} {prefix}{unit}"
-    return f"{n} {unit}"
-
-
-def _analysis_rows(info) -> list[tuple[str, str]]:
-    if info.scan_status is None:
-        return [("analysis", "- (not analysed: indexed before zoo recorded analysis; re-index it)")]
-    if info.scan_status != "ok":
-        return [("analysis", info.scan_status + (f": {info.scan_error}" if info.scan_error else ""))]
-    outputs = ", ".join(f"{p + ': ' if p else ''}{'x'.join(map(str, shape)) or 'scalar'} {dtype}"
-                        for p, shape, dtype in (info.output_shapes or [])[:8])
-    more = len(info.output_shapes or []) - 8
-    rows = [
-        ("flops", f"{si(info.flops, 'FLOPs')} ({si(info.macs, 'MACs')}), batch 1 at the input size"),
-        ("activations", f"{human(info.peak_activation_bytes, 'B')} peak in inference, "
-                        f"{human(info.train_activation_bytes, 'B')} saved for backward in training"),
-        ("output", outputs + (f", ... ({more} more)" if more > 0 else "")),
-    ]
-    if info.scan_error:
-        rows.append(("analysis note", info.scan_error))
-    return rows
 
 
 def _depth(text: str) -> int:
@@ -88,9 +32,7 @@ def _depth(text: str) -> int:
 
 def _show_tree(zoo, info, args) -> int:
     """The module tree: parameters, bytes and output shapes per module, from zoo.get + a meta forward."""
-    from zoo.analysis import scan
-
-    result = scan(info.name, registry=zoo, strict=False)
+    result = zoo.scan(info.name, strict=False)
     modules = [m for m in result.modules if args.depth is None or m.depth <= args.depth]
     if args.json:
         print(json.dumps({"name": info.name, "error": result.error, "outputs": result.outputs,
@@ -99,32 +41,9 @@ def _show_tree(zoo, info, args) -> int:
         return 0
     from rich.console import Console
     from rich.markup import escape
-    from rich.tree import Tree
 
-    def label(m) -> str:
-        shapes = "; ".join(f"{p + ' ' if p else ''}{'x'.join(map(str, shape)) or 'scalar'}"
-                           + ("" if dtype == "float32" else f" {dtype}") for p, shape, dtype in m.outputs[:4])
-        if len(m.outputs) > 4:
-            shapes += f"; ... {len(m.outputs) - 4} more"
-        calls = f" x{m.calls}" if m.calls > 1 else ""
-        if m.calls:
-            out = f"-> {shapes}{calls}" if m.outputs else f"-> (no tensor output){calls}"
-        else:
-            out = "[red](stopped inside)[/red]" if m.entered else "[dim](not called)[/dim]"
-        name = m.name.rsplit(".", 1)[-1] or info.name
-        return (f"[bold]{escape(name)}[/bold] [cyan]{escape(m.type)}[/cyan]  {human(m.params)} params, "
-                f"{human(m.bytes, 'B')}  {escape(out) if m.calls else out}")
-
-    nodes = {}
-    root = None
-    for m in modules:
-        if m.name == "":
-            root = nodes[""] = Tree(label(m))
-            continue
-        parent = m.name.rsplit(".", 1)[0] if "." in m.name else ""
-        nodes[m.name] = nodes[parent].add(label(m))
     console = Console(width=None if sys.stdout.isatty() else 100_000)  # piped: whole lines, no cropping
-    console.print(root)
+    console.print(render.module_tree(info.name, modules))
     if result.error:
         stopped = "no forward: " if result.error.startswith("this module has no recorded input") else \
             "the forward stopped on meta: "
@@ -139,39 +58,16 @@ def cmd_show(zoo, args) -> int:
     if args.json:
         print(json.dumps(info.as_dict(), indent=1))
         return 0
-    rows = [
-        ("name", info.name), ("family", info.family), ("builder", info.builder),
-        ("kwargs", json.dumps(info.kwargs)), ("arch", info.arch or "-"), ("task", info.task or "-"),
-        ("input size", "x".join(map(str, info.input_size)) if info.input_size else "-"),
-        ("params", f"{info.params:,} ({human(info.params)})" if info.params is not None else "-"),
-        ("trainable", f"{info.trainable:,}" if info.trainable is not None else "-"),
-        ("buffers", f"{info.buffers:,} elements" if info.buffers is not None else "-"),
-        ("tensors", str(info.tensors) if info.tensors is not None else "-"),
-        ("bytes", f"{human(info.bytes, 'B')} ({human(info.param_bytes, 'B')} params + "
-                  f"{human(info.buffer_bytes, 'B')} buffers, {info.dtype})" if info.bytes is not None else "-"),
-        ("status", info.status + (f": {info.error}" if info.error else "")),
-        *(_analysis_rows(info) if info.status == "ok" else []),
-        ("versions", ", ".join(f"{k} {v}" for k, v in info.versions.items()) or "-"),
-        ("indexed", info.indexed_at.isoformat(timespec="seconds")),
-    ]
-    rows += [(f"weights {w['tag']}", f"{w['path']} ({human(w['bytes'], 'B')}, sha256 {w['sha256'][:12]}...)")
-             for w in info.weights or []]
-    print(_table([[k, v] for k, v in rows]))
+    print(table([[k, v] for k, v in render.info_rows(info)]))
     if args.tensors and info.tensor_table:
         print()
-        header = ["tensor", "kind", "shape", "dtype", "bytes", "note"]
-        body = [[t.name, t.kind, "x".join(map(str, t.shape)) or "scalar", t.dtype, human(t.bytes, "B"),
-                 ("tied to " + t.tied_to if t.tied_to else "") + ("" if t.persistent else "non-persistent")]
-                for t in info.tensor_table]
-        print(_table([header] + body))
+        print(table(render.tensor_rows(info.tensor_table)))
     return 0
 
 
 def cmd_estimate(zoo, args) -> int:
-    from zoo.analysis import estimate
-
-    result = estimate(args.name, batch=args.batch, dtype=args.dtype, training=args.training,
-                      optimizer=args.optimizer, seq_len=args.seq_len, registry=zoo)
+    result = zoo.estimate(args.name, batch=args.batch, dtype=args.dtype, training=args.training,
+                          optimizer=args.optimizer, seq_len=args.seq_len)
     if args.json:
         print(json.dumps(result.as_dict(), indent=1))
         return 0
@@ -185,7 +81,7 @@ def cmd_estimate(zoo, args) -> int:
              ["total (measured peak)", human(result.total, "B")]]
     if result.upper_bound != result.total:
         rows.append(["sum of the parts (upper bound)", human(result.upper_bound, "B")])
-    print(_table(rows))
+    print(table(rows))
     return 0
 
 
@@ -211,11 +107,7 @@ def cmd_weights(zoo, args) -> int:
 
 
 def cmd_rm(zoo, args) -> int:
-    from zoo.registry import db, store
-
-    with db.session(zoo.url, write=True) as s, s.begin():
-        removed = store.remove(s, args.name)
-    print(f"removed {removed}")
+    print(f"removed {zoo.remove(args.name)}")
     return 0
 
 
@@ -236,31 +128,16 @@ def _progress_reporter(quiet: bool):
 
 
 def cmd_index(zoo, args) -> int:
-    from zoo import indexer
-    from zoo.families import Recipe
-
     if args.source == "builder":
-        return _index_single(args, lambda: indexer.index_one(
-            zoo.url, args.name if "/" in args.name else f"user/{args.name}",
-            Recipe("user", args.target, json.loads(args.kwargs)),
-            trusted={args.target.split(":")[0].split(".")[0]}))
+        return _index_single(args, lambda: zoo.index_builder(args.target, args.name, json.loads(args.kwargs)))
     if args.source == "checkpoint":
-        from pathlib import Path
-
-        name = args.name or f"checkpoint/{Path(args.target).stem}"
-        return _index_single(args, lambda: indexer.index_checkpoint(zoo.url, args.target, name))
-    patterns = args.targets
+        return _index_single(args, lambda: zoo.index_checkpoint(args.target, args.name))
     bar, report = _progress_reporter(args.quiet or args.json)
     try:
         if bar:
             bar.start()
-        if args.source == "hf":  # config sources: files, directories, hub repo ids
-            from zoo.families.hf import index_sources
-
-            outcome = index_sources(zoo.url, args.targets, args.name, args.revision, args.force, progress=report)
-        else:
-            outcome = indexer.index_family(zoo.url, args.source, patterns, jobs=args.jobs, force=args.force,
-                                           progress=report)
+        outcome = zoo.index(args.source, args.targets, jobs=args.jobs, force=args.force, name=args.name,
+                            revision=args.revision, progress=report)
     except KeyboardInterrupt:
         print("\ninterrupted: every model finished so far is committed; run the same command to continue",
               file=sys.stderr)
@@ -290,32 +167,33 @@ def _index_single(args, run) -> int:
 
 
 def cmd_db(zoo, args) -> int:
-    from zoo.registry import db
-
     if args.action == "upgrade":
-        db.upgrade(zoo.url, args.revision)
-        print(f"{zoo.url}: schema at {db.current_revision(db.engine(zoo.url))}")
+        print(f"{zoo.url}: schema at {zoo.upgrade(args.revision)}")
     elif args.action == "compact":
-        db.compact(zoo.url)
+        zoo.compact()
         print(f"{zoo.url}: compacted")
     else:
-        print(db.current_revision(db.engine(zoo.url)) or "empty")
+        print(zoo.revision() or "empty")
     return 0
 
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="zoo", description="A model zoo registry built on the meta device.")
-    p.add_argument("--registry", help="SQLAlchemy URL or SQLite path (default: $ZOO_REGISTRY or the shipped registry.db)")
+    registry_help = "SQLAlchemy URL or SQLite path (default: $ZOO_REGISTRY or the shipped registry.db)"
+    p.add_argument("--registry", help=registry_help)
+    # also after the command (`zoo db upgrade --registry new.db`); SUPPRESS keeps one given before it
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--registry", default=argparse.SUPPRESS, help=registry_help)
     sub = p.add_subparsers(dest="command", required=True)
 
-    s = sub.add_parser("search", help="search the registry: 'params<1e8 and name~*vit*'")
+    s = sub.add_parser("search", parents=[common], help="search the registry: 'params<1e8 and name~*vit*'")
     s.add_argument("expression", nargs="?", default=None)
     s.add_argument("--sort", help="field to sort by; -field for descending")
     s.add_argument("--limit", type=int, default=100, help="at most N rows (0: all)")
     s.add_argument("--json", action="store_true")
     s.set_defaults(run=cmd_search)
 
-    s = sub.add_parser("show", help="a model's recorded metadata")
+    s = sub.add_parser("show", parents=[common], help="a model's recorded metadata")
     s.add_argument("name")
     s.add_argument("--tensors", action="store_true", help="list every tensor")
     s.add_argument("--tree", action="store_true", help="module tree: params, bytes, output shapes (runs a meta forward)")
@@ -323,7 +201,8 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--json", action="store_true")
     s.set_defaults(run=cmd_show)
 
-    s = sub.add_parser("estimate", help="memory for a batch: weights, gradients, optimizer states, activations")
+    s = sub.add_parser("estimate", parents=[common],
+                       help="memory for a batch: weights, gradients, optimizer states, activations")
     s.add_argument("name")
     s.add_argument("--batch", type=int, default=1)
     s.add_argument("--dtype", default="bf16", help="fp32, bf16, fp16 or fp64 (or float32, bfloat16, half, ...)")
@@ -333,7 +212,7 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--json", action="store_true")
     s.set_defaults(run=cmd_estimate)
 
-    s = sub.add_parser("index", help="build models on meta and record them",
+    s = sub.add_parser("index", parents=[common], help="build models on meta and record them",
                        description="index timm|torchvision [PATTERN...]; index builder MODULE:FUNCTION --name NAME "
                                    "[--kwargs JSON]; index checkpoint FILE [--name NAME]; index hf SOURCE... "
                                    "[--name NAME] [--revision REV] (SOURCE: a config.json, a directory holding one, "
@@ -350,13 +229,14 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--json", action="store_true")
     s.set_defaults(run=cmd_index)
 
-    s = sub.add_parser("check", help="how a weights file fits a model, from metadata alone")
+    s = sub.add_parser("check", parents=[common], help="how a weights file fits a model, from metadata alone")
     s.add_argument("name")
     s.add_argument("weights", help="a .safetensors file, shard index or directory, a .pt/.pth/.bin, or a tag")
     s.add_argument("--json", action="store_true")
     s.set_defaults(run=cmd_check)
 
-    s = sub.add_parser("weights", help="record a weights file for a model under a tag (sha256 checked on load)")
+    s = sub.add_parser("weights", parents=[common],
+                       help="record a weights file for a model under a tag (sha256 checked on load)")
     s.add_argument("action", choices=["add"])
     s.add_argument("name")
     s.add_argument("path")
@@ -365,11 +245,11 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--json", action="store_true")
     s.set_defaults(run=cmd_weights)
 
-    s = sub.add_parser("rm", help="remove a model from the registry")
+    s = sub.add_parser("rm", parents=[common], help="remove a model from the registry")
     s.add_argument("name")
     s.set_defaults(run=cmd_rm)
 
-    s = sub.add_parser("db", help="registry schema: upgrade, compact, revision")
+    s = sub.add_parser("db", parents=[common], help="registry schema: upgrade, compact, revision")
     s.add_argument("action", choices=["upgrade", "compact", "revision"])
     s.add_argument("--revision", default="head", help="target revision for upgrade")
     s.set_defaults(run=cmd_db)

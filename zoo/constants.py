@@ -3,8 +3,9 @@
 import os
 from pathlib import Path
 
-# The shipped registry lives beside the package (repository root in a checkout).
-DEFAULT_REGISTRY = Path(__file__).resolve().parent.parent / "registry.db"
+# The shipped registry: a file inside the installed package; in a checkout, zoo/registry.db links to
+# the registry.db at the repository root.
+DEFAULT_REGISTRY = (Path(__file__).parent / "registry.db").resolve()
 
 
 def registry_url() -> str:

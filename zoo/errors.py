@@ -1,4 +1,6 @@
-"""Every exception zoo raises, each subclassing the matching built-in."""
+"""Every exception zoo raises, each subclassing the matching built-in, and how a cause is told in one line."""
+
+import traceback
 
 
 class ZooError(Exception):
@@ -40,6 +42,15 @@ class SearchSyntaxError(ZooError, ValueError):
         if expression:
             where = f"\n  {expression}\n  {' ' * max(column - 1, 0)}^ (column {column})"
         super().__init__(f"{message}{where}")
+
+
+class InvalidComparison(SearchSyntaxError):
+    """One comparison that is well formed but wrong (a word for a number field, a glob on a number);
+    `at_op`: the operator, not the value, is at fault. The parser adds the column."""
+
+    def __init__(self, message: str, at_op: bool = False):
+        super().__init__(message)
+        self.message, self.at_op = message, at_op
 
 
 class UnknownFamily(ZooError, KeyError):
@@ -106,3 +117,35 @@ def _first(keys, n: int = 8) -> str:
 
 class HubUnavailable(ZooError, ConnectionError):
     """A Hugging Face hub file is neither in the local cache nor downloadable (offline, not found, gated)."""
+
+
+class MaterializeError(ZooError, RuntimeError):
+    """The module cannot be materialized as asked (no recipe to initialize from, a value nobody knows)."""
+
+
+class AnalysisError(ZooError, ValueError):
+    """scan / estimate cannot run: no input spec, a module not on meta, a bad dtype or optimizer."""
+
+
+class AnalysisTimeout(ZooError, TimeoutError):
+    """A meta forward ran past its time budget (index-time analysis records it as an error)."""
+
+
+class InvalidArgument(ZooError, ValueError):
+    """An argument zoo refuses before doing anything (a value out of range, options that contradict)."""
+
+
+def reason(e: BaseException) -> str:
+    """One line for a recorded failure: the exception, its message's first sentence, and the model
+    code it came from (the innermost frame in site-packages outside torch and zoo)."""
+    message = " ".join(str(e).split())
+    first = message.find(". ")  # the first sentence says what failed; the rest is advice on torch settings
+    if first >= 40:
+        message = message[: first + 1]
+    if len(message) > 300:
+        message = message[:300] + "..."
+    frames = traceback.extract_tb(e.__traceback__) if e.__traceback__ else []
+    model = [f for f in frames if "/torch/" not in f.filename and "/zoo/" not in f.filename
+             and "/site-packages/" in f.filename]
+    at = f" (at {model[-1].filename.rsplit('/site-packages/', 1)[-1]}:{model[-1].lineno})" if model else ""
+    return f"{type(e).__name__}: {message}{at}"

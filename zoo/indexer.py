@@ -3,12 +3,15 @@
 import hashlib
 import json
 import multiprocessing
-import traceback
+import os
 import warnings
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from dataclasses import dataclass, field
 
-from zoo.families import Recipe, family
+from zoo.columns import BY_NAME
+from zoo.errors import InvalidRecipe, ZooError, reason
+from zoo.families import family
+from zoo.recipe import Recipe
 from zoo.registry import db, store
 
 # Bump when what a build records changes: every model is then rebuilt on the next index.
@@ -48,13 +51,13 @@ def record_of(name: str, recipe: Recipe, trusted: set[str] | None = None) -> tup
         summary = inspect_module(module)
         described = fam.describe(recipe.builder, module)
     except Exception as e:  # recorded, not raised: one broken model must not stop an index run
-        return {**base, "status": "error", "error": _reason(e)}, None
+        return {**base, "status": "error", "error": reason(e.__cause__ or e)}, None
     analysis = _analyze(module, described.get("input"))
     cls = type(module)
     return {
         **base, "status": "ok", "error": None, "arch": f"{cls.__module__}.{cls.__qualname__}",
         "task": described["task"],
-        "input_size": json.dumps(described["input_size"]) if described["input_size"] else None,
+        "input_size": BY_NAME["input_size"].encode(described["input_size"] or None),
         "dtype": summary.dtype, "params": summary.params, "trainable": summary.trainable,
         "buffers": summary.buffers, "tensors": summary.tensors, "param_bytes": summary.param_bytes,
         "buffer_bytes": summary.buffer_bytes, "bytes": summary.bytes, **analysis,
@@ -69,13 +72,6 @@ def _analyze(module, spec) -> dict:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         return analyze(module, spec).columns()
-
-
-def _reason(e: BaseException) -> str:
-    cause = e.__cause__ or e
-    where = traceback.extract_tb(cause.__traceback__)[-1:] if cause.__traceback__ else []
-    at = f" (at {where[0].filename.rsplit('/site-packages/', 1)[-1]}:{where[0].lineno})" if where else ""
-    return f"{type(cause).__name__}: {cause}"[:2000] + at
 
 
 def save(url: str, record: dict, table) -> None:
@@ -147,8 +143,6 @@ def index_one(url: str, name: str, recipe: Recipe, trusted: set[str] | None = No
 
 def index_checkpoint(url: str, path: str, name: str) -> dict:
     """Record a weights file's tensors, from its header or a meta-loaded pickle; no data is read."""
-    import os
-
     from zoo.families.checkpoint import read_tensors
 
     db.open_registry(url, write=True)
@@ -167,3 +161,41 @@ def index_checkpoint(url: str, path: str, name: str) -> dict:
     )
     save(url, record, table)
     return record
+
+
+def index_configs(url: str, sources: list[str], name: str | None = None, revision: str | None = None,
+                  force: bool = False, progress=None) -> Outcome:
+    """Index Hugging Face config sources (config.json files, directories, catalog files, hub repo ids),
+    unchanged ones skipped unless force. A source whose config cannot be read is reported as failed;
+    the others still go in."""
+    from zoo.families import hf
+
+    if name is not None and len(sources) != 1:
+        raise InvalidRecipe("--name names one model: give one source with it")
+    db.open_registry(url, write=True)
+    versions = hf.versions()
+    outcome = Outcome()
+    for done, source in enumerate(sources, 1):
+        model = source
+        try:
+            config, default = hf.load_config(source, revision)
+            recipe = hf.recipe_of(config)
+        except (ZooError, OSError) as e:
+            outcome.failed[source] = f"{type(e).__name__}: {e}"
+        else:
+            model = name or default
+            model = model if model.startswith(f"{hf.NAME}/") else f"{hf.NAME}/{model}"
+            with db.session(url) as s:
+                unchanged = not force and store.ok_hash_of(s, model) == source_hash(recipe, versions)
+            if unchanged:
+                outcome.unchanged.append(model)
+            else:
+                record, table = record_of(model, recipe)
+                save(url, record, table)
+                if record["status"] == "ok":
+                    outcome.indexed.append(model)
+                else:
+                    outcome.failed[model] = record["error"]
+        if progress:
+            progress(model, done, len(sources))
+    return outcome

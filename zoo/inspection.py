@@ -51,11 +51,9 @@ def inspect_module(module) -> Summary:
     table: list[TensorInfo] = []
     totals = {"params": 0, "trainable": 0, "buffers": 0, "param_bytes": 0, "buffer_bytes": 0}
     bytes_by_dtype: dict[str, int] = {}
-    for kind, named in (("parameter", module.named_parameters(remove_duplicate=False)),
-                        ("buffer", _named_buffers_with_persistence(module))):
-        for item in named:
-            name, tensor = item[0], item[1]
-            persistent = item[2] if kind == "buffer" else True
+    for kind, attr in (("parameter", "_parameters"), ("buffer", "_buffers")):
+        for name, owner, local, tensor in named_tensors(module, attr):
+            persistent = kind == "parameter" or local not in owner._non_persistent_buffers_set
             nbytes = tensor.numel() * tensor.element_size()
             tied_to = first_name.get(id(tensor))
             table.append(TensorInfo(name, kind, persistent, tuple(tensor.shape), dtype_name(tensor.dtype),
@@ -75,10 +73,10 @@ def inspect_module(module) -> Summary:
     return Summary(tensors=len(first_name), dtype=dtype, tensor_table=table, **totals)
 
 
-def _named_buffers_with_persistence(module):
-    """(name, buffer, persistent) for every buffer, aliases included, like named_parameters(remove_duplicate=False)."""
-    for prefix, mod in module.named_modules(remove_duplicate=False):
-        for local, buf in mod._buffers.items():
-            if buf is not None:
-                name = f"{prefix}.{local}" if prefix else local
-                yield name, buf, local not in mod._non_persistent_buffers_set
+def named_tensors(module, attr: str):
+    """(name, owner module, local name, tensor) for every parameter (attr "_parameters") or buffer
+    ("_buffers") under every name it has, aliases included, in named_parameters(remove_duplicate=False)'s order."""
+    for prefix, owner in module.named_modules(remove_duplicate=False):
+        for local, tensor in getattr(owner, attr).items():
+            if tensor is not None:
+                yield (f"{prefix}.{local}" if prefix else local), owner, local, tensor

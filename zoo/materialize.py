@@ -13,17 +13,13 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from zoo.errors import WeightsMismatch, ZooError
-from zoo.inspection import dtype_name
+from zoo.errors import MaterializeError, WeightsMismatch
+from zoo.inspection import dtype_name, named_tensors
 from zoo.meta import value_of
 from zoo.weights.fit import Target, fit
 from zoo.weights.sources import SafetensorsSource, Source, open_source
 
 _ALIGN = 64
-
-
-class MaterializeError(ZooError, RuntimeError):
-    """The module cannot be materialized as asked (no recipe to initialize from, a value nobody knows)."""
 
 
 @dataclass
@@ -54,19 +50,16 @@ class Slot:
 
 def slots_of(module: nn.Module) -> list[Slot]:
     by_id: dict[int, Slot] = {}
-    for prefix, mod in module.named_modules(remove_duplicate=False):
-        for attr, is_param in (("_parameters", True), ("_buffers", False)):
-            for local, t in getattr(mod, attr).items():
-                if t is None:
-                    continue
-                name = f"{prefix}.{local}" if prefix else local
-                slot = by_id.get(id(t))
-                if slot is None:
-                    persistent = is_param or local not in mod._non_persistent_buffers_set
-                    slot = by_id[id(t)] = Slot([], [], t, is_param, persistent, _local_rows(t))
-                if name not in slot.names:
-                    slot.names.append(name)
-                    slot.owners.append((mod, local))
+    for attr in ("_parameters", "_buffers"):
+        is_param = attr == "_parameters"
+        for name, owner, local, t in named_tensors(module, attr):
+            slot = by_id.get(id(t))
+            if slot is None:
+                persistent = is_param or local not in owner._non_persistent_buffers_set
+                slot = by_id[id(t)] = Slot([], [], t, is_param, persistent, _local_rows(t))
+            if name not in slot.names:
+                slot.names.append(name)
+                slot.owners.append((owner, local))
     return list(by_id.values())
 
 

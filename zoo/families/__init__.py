@@ -11,15 +11,14 @@ A family module defines:
                                 default length, {"kwargs": {"input_ids": {"shape": ["seq"], "dtype": "int64"}},
                                 "seq_len": 128}; without it a model's scan_status is "no-input"
   versions()                    {"torch": ..., LIBRARY: ...}: a change means its models are rebuilt
-Adding a family is adding a module here and a line to FAMILIES.
+Adding a family is adding a module here and a line to FAMILIES. Families build and describe; recording
+is the indexer's (zoo.indexer), and nothing here imports the registry or the API.
 """
 
 import importlib
-import json
-from dataclasses import dataclass, field
 from types import ModuleType
 
-from zoo.errors import InvalidRecipe, UnknownFamily
+from zoo.errors import UnknownFamily
 
 FAMILIES = {
     "timm": "zoo.families.timm",
@@ -29,12 +28,6 @@ FAMILIES = {
     "hf": "zoo.families.hf",
 }
 
-# Keyword arguments that would fetch or read weights during a build; builds never do.
-WEIGHT_KWARGS = frozenset({
-    "pretrained", "pretrained_cfg", "pretrained_cfg_overlay", "pretrained_strict", "checkpoint_path",
-    "weights", "weights_backbone", "cache_dir",
-})
-
 
 def family(name: str) -> ModuleType:
     try:
@@ -43,32 +36,8 @@ def family(name: str) -> ModuleType:
         raise UnknownFamily(f"unknown family {name!r}; known families: {', '.join(FAMILIES)}") from None
 
 
-@dataclass(frozen=True)
-class Recipe:
-    """How to rebuild a model: a family, a builder name inside it, and JSON keyword arguments."""
+def torch_version() -> str:
+    """The installed torch's release ("2.14.1", without a local "+cu130" tag): part of every family's versions()."""
+    import torch
 
-    family: str
-    builder: str
-    kwargs: dict = field(default_factory=dict)
-
-    def __post_init__(self):
-        check_kwargs(self.kwargs)
-
-    def kwargs_json(self) -> str:
-        return json.dumps(self.kwargs, sort_keys=True)
-
-
-def check_kwargs(kwargs) -> None:
-    """Keyword arguments must be JSON data with identifier keys, and must not ask for weights."""
-    if not isinstance(kwargs, dict):
-        raise InvalidRecipe(f"kwargs must be a JSON object, not {type(kwargs).__name__}")
-    for key in kwargs:
-        if not isinstance(key, str) or not key.isidentifier():
-            raise InvalidRecipe(f"kwarg name {key!r} is not an identifier")
-    blocked = sorted(WEIGHT_KWARGS & kwargs.keys())
-    if blocked:
-        raise InvalidRecipe(f"{', '.join(blocked)}: builds never load weights; use materialize(weights=...)")
-    try:
-        json.dumps(kwargs, allow_nan=False)
-    except (TypeError, ValueError) as e:
-        raise InvalidRecipe(f"kwargs must be plain JSON data: {e}") from None
+    return torch.__version__.split("+")[0]

@@ -34,7 +34,7 @@ def read_tensors(path: str) -> list[TensorInfo]:
     """Names, shapes and dtypes of a checkpoint's tensors, without reading their data."""
     path = Path(path)
     if path.suffix == ".safetensors":
-        from zoo.weights.safetensors import read_header
+        from zoo.weights.safetensors_format import read_header
 
         entries, _ = read_header(path)
         return [TensorInfo(e.name, "parameter", True, e.shape, e.dtype, math.prod(e.shape), e.end - e.start)

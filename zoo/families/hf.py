@@ -11,6 +11,8 @@ import json
 from pathlib import Path
 
 from zoo.errors import InvalidRecipe, UntrustedBuilder
+from zoo.families import torch_version
+from zoo.recipe import Recipe
 from zoo.weights.hub import REPO_ID
 
 NAME = "hf"
@@ -92,12 +94,10 @@ def describe(builder: str, module) -> dict:
 def versions() -> dict:
     from importlib.metadata import version
 
-    import torch
-
-    return {"torch": torch.__version__.split("+")[0], "transformers": version("transformers")}
+    return {"torch": torch_version(), "transformers": version("transformers")}
 
 
-# --- indexing: config sources -> recipes ------------------------------------------------------
+# --- config sources -> recipes (the indexer records them: zoo.indexer.index_configs) ------------------------------------------------------
 
 def head_of(config: dict) -> str:
     """The auto class for a config: the one whose mapping lists its `architectures` class, else the
@@ -124,8 +124,6 @@ def recipe_of(config: dict):
     """The recipe for a config.json. `auto_map` is dropped where transformers has the model_type itself
     (many hub configs carry it beside a native class): the native class is what gets built."""
     from transformers import CONFIG_MAPPING
-
-    from zoo.families import Recipe
 
     config = {k: v for k, v in config.items() if k not in _DROPPED_KEYS}
     if "auto_map" in config and config.get("model_type") in CONFIG_MAPPING:
@@ -177,42 +175,3 @@ def _read_json(file: Path) -> dict:
     if not isinstance(config, dict):
         raise InvalidRecipe(f"{file}: a config.json holds a JSON object")
     return config
-
-
-def index_sources(url: str, sources: list[str], name: str | None = None, revision: str | None = None,
-                  force: bool = False, progress=None):
-    """Index each config source (unchanged ones skipped unless force); a zoo.indexer.Outcome.
-    A source whose config cannot be read is reported as failed; the others still go in."""
-    from zoo import indexer
-    from zoo.errors import ZooError
-    from zoo.registry import db, store
-
-    if name is not None and len(sources) != 1:
-        raise InvalidRecipe("--name names one model: give one source with it")
-    db.open_registry(url, write=True)
-    library = versions()
-    outcome = indexer.Outcome()
-    for done, source in enumerate(sources, 1):
-        model = source
-        try:
-            config, default = load_config(source, revision)
-            recipe = recipe_of(config)
-        except (ZooError, OSError) as e:
-            outcome.failed[source] = f"{type(e).__name__}: {e}"
-        else:
-            model = name or default
-            model = model if model.startswith(f"{NAME}/") else f"{NAME}/{model}"
-            with db.session(url) as s:
-                unchanged = not force and store.ok_hash_of(s, model) == indexer.source_hash(recipe, library)
-            if unchanged:
-                outcome.unchanged.append(model)
-            else:
-                record, table = indexer.record_of(model, recipe)
-                indexer.save(url, record, table)
-                if record["status"] == "ok":
-                    outcome.indexed.append(model)
-                else:
-                    outcome.failed[model] = record["error"]
-        if progress:
-            progress(model, done, len(sources))
-    return outcome

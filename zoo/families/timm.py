@@ -1,8 +1,7 @@
 """timm family: every name in timm.list_models(), built with pretrained=False."""
 
-import fnmatch
-
 from zoo.errors import UntrustedBuilder
+from zoo.families import torch_version
 
 NAME = "timm"
 
@@ -10,10 +9,7 @@ NAME = "timm"
 def available(patterns=()) -> list[str]:
     import timm
 
-    names = timm.list_models()
-    if not patterns:
-        return names
-    return [n for n in names if any(fnmatch.fnmatchcase(n, p) for p in patterns)]
+    return timm.list_models(list(patterns) or "")
 
 
 def check(builder: str, kwargs: dict) -> None:
@@ -38,6 +34,5 @@ def describe(builder: str, module) -> dict:
 
 def versions() -> dict:
     import timm
-    import torch
 
-    return {"torch": torch.__version__.split("+")[0], "timm": timm.__version__}
+    return {"torch": torch_version(), "timm": timm.__version__}

@@ -1,8 +1,7 @@
 """torchvision family: every name in torchvision.models.list_models(), built with no weights of any kind."""
 
-import fnmatch
-
 from zoo.errors import UntrustedBuilder
+from zoo.families import torch_version
 
 NAME = "torchvision"
 
@@ -19,10 +18,7 @@ _CLIP_FRAMES = 16  # torchvision's video models are documented on 16-frame clips
 def available(patterns=()) -> list[str]:
     from torchvision.models import list_models
 
-    names = list_models()
-    if not patterns:
-        return names
-    return [n for n in names if any(fnmatch.fnmatchcase(n, p) for p in patterns)]
+    return list_models(include=list(patterns) or None)
 
 
 def check(builder: str, kwargs: dict) -> None:
@@ -86,7 +82,6 @@ def _input_spec(task: str, size, module) -> dict | None:
 
 
 def versions() -> dict:
-    import torch
     import torchvision
 
-    return {"torch": torch.__version__.split("+")[0], "torchvision": torchvision.__version__.split("+")[0]}
+    return {"torch": torch_version(), "torchvision": torchvision.__version__.split("+")[0]}

@@ -4,6 +4,7 @@ import importlib
 
 from zoo.constants import trusted_modules
 from zoo.errors import InvalidRecipe, UntrustedBuilder
+from zoo.families import torch_version
 
 NAME = "user"
 
@@ -39,6 +40,4 @@ def describe(builder: str, module) -> dict:
 
 
 def versions() -> dict:
-    import torch
-
-    return {"torch": torch.__version__.split("+")[0]}
+    return {"torch": torch_version()}

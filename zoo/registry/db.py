@@ -10,7 +10,10 @@ from zoo.errors import RegistryNotFound, SchemaOutdated
 
 # The alembic head this code reads and writes; a test checks it equals migrations' head.
 SCHEMA_REVISION = "0003"
-MIGRATIONS = Path(__file__).resolve().parent.parent / "migrations"
+_PACKAGE = Path(__file__).resolve().parent.parent
+# migrations/ at the repository root in a checkout; the wheel ships it inside the package (pyproject.toml)
+MIGRATIONS = next((d for d in (_PACKAGE / "migrations", _PACKAGE.parent / "migrations") if (d / "env.py").is_file()),
+                  _PACKAGE / "migrations")
 BUSY_TIMEOUT_MS = 60_000
 
 

@@ -7,7 +7,8 @@ from sqlalchemy import delete, select
 from sqlalchemy.orm import Session
 
 from zoo.errors import AmbiguousName, ModelNotFound
-from zoo.info import ModelInfo, encode_tensors
+from zoo.model_info import ModelInfo, encode_tensors
+from zoo.registry.sql import compile_search, sort_clause
 from zoo.registry.tables import Model, ModelTensors, Weights
 
 
@@ -84,8 +85,6 @@ def remove(session: Session, name: str) -> str:
 
 
 def search(session: Session, expression, order_by: str | None = None, limit: int | None = 100) -> list[ModelInfo]:
-    from zoo.search import compile_search, sort_clause
-
     query = select(Model)
     if expression is not None and not (isinstance(expression, str) and not expression.strip()):
         query = query.where(compile_search(expression))

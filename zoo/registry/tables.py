@@ -1,50 +1,42 @@
-"""The registry's ORM tables (SQLAlchemy 2.0 typed); alembic migrations create and change them."""
+"""The registry's tables (SQLAlchemy 2.0); the models table is derived from zoo.columns, and alembic
+migrations create and change them."""
 
 from datetime import datetime
 
-from sqlalchemy import BigInteger, DateTime, ForeignKey, Index, Integer, LargeBinary, String, Text, UniqueConstraint
+from sqlalchemy import (
+    BigInteger, Column, DateTime, ForeignKey, Index, Integer, LargeBinary, String, Table, Text, UniqueConstraint,
+)
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+from zoo.columns import COLUMNS
 
 
 class Base(DeclarativeBase):
     pass
 
 
+def _sql_type(c):
+    if c.kind == "int":
+        return BigInteger if c.wide else Integer
+    if c.kind == "datetime":
+        return DateTime
+    return String(c.size) if c.size else Text
+
+
+models = Table(
+    "models", Base.metadata,
+    Column("id", Integer, primary_key=True),
+    *(Column(c.name, _sql_type(c), nullable=c.nullable, index=c.indexed, unique=c.unique,
+             default=c.default)
+      for c in COLUMNS),
+)
+Index("ix_models_family_params", models.c.family, models.c.params)
+
+
 class Model(Base):
-    """One architecture: its recipe and the metadata its meta build gave."""
+    """One architecture: its recipe and the metadata its meta build gave (columns: zoo.columns)."""
 
-    __tablename__ = "models"
-
-    id: Mapped[int] = mapped_column(Integer, primary_key=True)
-    name: Mapped[str] = mapped_column(String(255), unique=True)  # "timm/resnet50"
-    short: Mapped[str] = mapped_column(String(255), index=True)  # "resnet50": bare-name lookups
-    family: Mapped[str] = mapped_column(String(32), index=True)
-    builder: Mapped[str] = mapped_column(String(255))  # family-specific: timm model name, "pkg.mod:fn", file path
-    kwargs: Mapped[str] = mapped_column(Text, default="{}")  # JSON object
-    arch: Mapped[str | None] = mapped_column(String(255), index=True)  # module class, "timm.models.resnet.ResNet"
-    task: Mapped[str | None] = mapped_column(String(64), index=True)  # hub pipeline names
-    input_size: Mapped[str | None] = mapped_column(String(64))  # JSON list, e.g. [3, 224, 224]
-    versions: Mapped[str] = mapped_column(Text, default="{}")  # JSON {"torch": ..., "timm": ...}
-    dtype: Mapped[str | None] = mapped_column(String(32))  # dtype of most parameter bytes
-    params: Mapped[int | None] = mapped_column(BigInteger, index=True)  # tied tensors counted once
-    trainable: Mapped[int | None] = mapped_column(BigInteger)
-    buffers: Mapped[int | None] = mapped_column(BigInteger)  # elements in buffers
-    tensors: Mapped[int | None] = mapped_column(Integer)  # distinct parameter and buffer tensors
-    param_bytes: Mapped[int | None] = mapped_column(BigInteger)
-    buffer_bytes: Mapped[int | None] = mapped_column(BigInteger)
-    bytes: Mapped[int | None] = mapped_column(BigInteger, index=True)
-    status: Mapped[str] = mapped_column(String(16), index=True)  # "ok" or "error"
-    error: Mapped[str | None] = mapped_column(Text)
-    source_hash: Mapped[str] = mapped_column(String(64))  # recipe + library versions: unchanged means not rebuilt
-    indexed_at: Mapped[datetime] = mapped_column(DateTime)
-    # Analysis (migration 0003, zoo.analysis): one forward on meta at batch 1 with the family's input.
-    flops: Mapped[int | None] = mapped_column(BigInteger, index=True)  # inference; 2 per multiply-accumulate
-    macs: Mapped[int | None] = mapped_column(BigInteger)
-    train_activation_bytes: Mapped[int | None] = mapped_column(BigInteger)  # saved for backward, training mode
-    peak_activation_bytes: Mapped[int | None] = mapped_column(BigInteger)  # peak live activations, inference
-    output_shapes: Mapped[str | None] = mapped_column(Text)  # JSON [[path, shape, dtype], ...]
-    scan_status: Mapped[str | None] = mapped_column(String(16))  # "ok", "error", "no-input"; NULL: not analysed
-    scan_error: Mapped[str | None] = mapped_column(Text)
+    __table__ = models
 
 
 class ModelTensors(Base):
@@ -59,9 +51,6 @@ class ModelTensors(Base):
 
     model_id: Mapped[int] = mapped_column(ForeignKey("models.id", ondelete="CASCADE"), primary_key=True)
     data: Mapped[bytes] = mapped_column(LargeBinary)
-
-
-Index("ix_models_family_params", Model.family, Model.params)
 
 
 class Weights(Base):

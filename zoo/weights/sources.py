@@ -11,7 +11,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from zoo.errors import CheckpointError
-from zoo.weights import safetensors as st
+from zoo.inspection import dtype_name
+from zoo.weights import safetensors_format as st
 
 PICKLE_SUFFIXES = {".pt", ".pth", ".bin", ".ckpt"}
 
@@ -115,7 +116,7 @@ class TensorDictSource(Source):
         if bad:
             raise CheckpointError(f"state dict entries that are not tensors: {bad[:5]}")
         self.tensors = tensors
-        self.specs = {k: Spec(str(v.dtype).removeprefix("torch."), tuple(v.shape)) for k, v in tensors.items()}
+        self.specs = {k: Spec(dtype_name(v.dtype), tuple(v.shape)) for k, v in tensors.items()}
 
     def read_into(self, name, dest, rows=None) -> None:
         src = self.tensors[name]

@@ -1,4 +1,4 @@
-"""Search expressions -> SQLAlchemy clauses with bound parameters.
+"""The search grammar: text or F-expressions -> a validated expression tree. Pure: no registry, no SQL.
 
 A search is a small boolean language over the registry's metadata columns::
 
@@ -7,48 +7,21 @@ A search is a small boolean language over the registry's metadata columns::
     bytes >= 1.5GiB
 
 `parse` turns text into an AST (`Compare`, `And`, `Or`, `Not`); `F` builds the same AST from
-Python (``(F.params < 7e9) & F.name.glob("*vit*")``); `compile_search` turns either into a WHERE
-clause on `Model`. Every malformed search raises `SearchSyntaxError` with the 1-based column of
-the offending token. Comparisons are two-valued: one on a NULL column is false, so
-``not task = x`` includes the rows without a task.
+Python (``(F.params < 7e9) & F.name.glob("*vit*")``); zoo.registry.sql turns either into a WHERE
+clause. Every malformed search raises `SearchSyntaxError` with the 1-based column of the offending
+token. Comparisons are two-valued: one on a missing value is false, so ``not task = x`` includes
+the models without a task.
 """
 
 from __future__ import annotations
 
-import operator
 import re
 from dataclasses import dataclass
 from decimal import Decimal, localcontext
 from typing import NamedTuple
 
-from sqlalchemy import ColumnElement, and_, not_, or_
-
-from zoo.errors import SearchSyntaxError
-from zoo.registry.tables import Model
-
-# Searchable field -> "number" or "string"; each is the Model column of the same name.
-FIELDS: dict[str, str] = {
-    "name": "string",
-    "short": "string",
-    "family": "string",
-    "builder": "string",
-    "arch": "string",
-    "task": "string",
-    "status": "string",
-    "dtype": "string",
-    "params": "number",
-    "trainable": "number",
-    "buffers": "number",
-    "tensors": "number",
-    "bytes": "number",
-    "param_bytes": "number",
-    "buffer_bytes": "number",
-    "flops": "number",  # analysis (zoo.analysis): batch 1, inference
-    "macs": "number",
-    "train_activation_bytes": "number",
-    "peak_activation_bytes": "number",
-    "scan_status": "string",
-}
+from zoo.columns import SEARCH_FIELDS as FIELDS
+from zoo.errors import InvalidComparison, SearchSyntaxError
 
 MAX_LENGTH = 10_000  # characters in a search
 # Nested parentheses and `not`s. SQLite before 3.46 has a fixed parser stack (100 entries) that
@@ -60,7 +33,6 @@ MAX_COMPARISONS = 200
 
 OPS = ("<", "<=", ">", ">=", "=", "!=", "~")  # "==" is read as "="; "~" is a glob match
 _OP_TOKENS = ("<=", ">=", "==", "!=", "<", ">", "=", "~")  # longest first
-_SQL_OPS = {"<": operator.lt, "<=": operator.le, ">": operator.gt, ">=": operator.ge, "=": operator.eq, "!=": operator.ne}
 _KEYWORDS = ("and", "or", "not")
 _WORD = re.compile(r"[A-Za-z0-9_.\-/*?:+@]+")
 _NUMBER = re.compile(
@@ -143,49 +115,41 @@ def _render(e: Expr) -> str:
     return " or ".join(_render(i) for i in e.items)
 
 
-class _Bad(Exception):
-    """A comparison that is well formed but wrong (a word for a number field...); the caller adds the column."""
-
-    def __init__(self, message: str, at_op: bool = False):
-        super().__init__(message)
-        self.message, self.at_op = message, at_op
-
-
 def _number(value: object, field: str) -> int | float:
     """A number from Python or from search text ("7B", "1.5GiB", "1_000"); whole numbers become int."""
     if isinstance(value, str):
         m = _NUMBER.fullmatch(value)
         if not m:
-            raise _Bad(f"expected a number for {field} (such as 7B, 350M, 1.5GiB, 7e9), got {value!r}")
+            raise InvalidComparison(f"expected a number for {field} (such as 7B, 350M, 1.5GiB, 7e9), got {value!r}")
         try:  # exact: rounding could make 1.000...1 whole
             with localcontext(prec=len(value) + 20):
                 d = Decimal(m[1].replace("_", "")) * _SUFFIXES.get(m[2], 1)
         except ArithmeticError:  # an exponent too large even for Decimal
-            raise _Bad(f"number out of range for {field}: {value!r}") from None
+            raise InvalidComparison(f"number out of range for {field}: {value!r}") from None
     elif isinstance(value, (int, float)) and not isinstance(value, bool):
         d = Decimal(value)
     else:
-        raise _Bad(f"{field} is a number field: expected a number, got {value!r}")
+        raise InvalidComparison(f"{field} is a number field: expected a number, got {value!r}")
     if not d.is_finite() or (d and not -300 <= d.adjusted() <= 300):
-        raise _Bad(f"number out of range for {field}: {value!r}")
+        raise InvalidComparison(f"number out of range for {field}: {value!r}")
     # Whole numbers past 64 bits stay float: SQLite cannot bind larger ints.
     return int(d) if d == d.to_integral_value() and abs(d) < 2**63 else float(d)
 
 
-def _check(field: str, op: str, value: object) -> int | float | str:
+def check(field: str, op: str, value: object) -> int | float | str:
     """Validate one comparison; returns the value to compare with."""
     if field not in FIELDS:
-        raise _Bad(f"unknown field {field!r}; fields are: {_FIELD_LIST}")
+        raise InvalidComparison(f"unknown field {field!r}; fields are: {_FIELD_LIST}")
     if op not in OPS:
-        raise _Bad(f"unknown operator {op!r}; operators are: {' '.join(OPS)}", at_op=True)
+        raise InvalidComparison(f"unknown operator {op!r}; operators are: {' '.join(OPS)}", at_op=True)
     if FIELDS[field] == "number":
         if op == "~":
-            raise _Bad(f"'~' (glob) works on string fields only, and {field} is a number", at_op=True)
+            raise InvalidComparison(f"'~' (glob) works on string fields only, and {field} is a number", at_op=True)
         return _number(value, field)
     if not isinstance(value, str):
-        raise _Bad(f"{field} is a string field: expected a string, got {value!r}")
+        raise InvalidComparison(f"{field} is a string field: expected a string, got {value!r}")
     if op == "~" and "[" in value:
-        raise _Bad("character classes ([...]) are not supported in globs: use * and ?")
+        raise InvalidComparison("character classes ([...]) are not supported in globs: use * and ?")
     return value
 
 
@@ -199,10 +163,7 @@ class _Field:
         self.name = name
 
     def _compare(self, op: str, value: object) -> Compare:
-        try:
-            return Compare(self.name, op, _check(self.name, op, value))
-        except _Bad as e:
-            raise SearchSyntaxError(e.message) from None
+        return Compare(self.name, op, check(self.name, op, value))
 
     def __lt__(self, value): return self._compare("<", value)  # fmt: skip
     def __le__(self, value): return self._compare("<=", value)  # fmt: skip
@@ -362,8 +323,8 @@ class _Parser:
             self.fail(f"too many comparisons: at most {MAX_COMPARISONS}", field)
         op_text = "=" if op.text == "==" else op.text
         try:
-            checked = _check(name, op_text, value.text)
-        except _Bad as e:
+            checked = check(name, op_text, value.text)
+        except InvalidComparison as e:
             bad = e
         else:
             return Compare(name, op_text, checked)
@@ -379,60 +340,12 @@ def parse(text: str) -> Expr:
     return _Parser(text).parse()
 
 
-def _like(glob: str) -> str:
-    """A glob as a LIKE pattern with escape character backslash."""
-    table = {"*": "%", "?": "_", "%": "\\%", "_": "\\_", "\\": "\\\\"}
-    return "".join(table.get(c, c) for c in glob)
-
-
-def _compile(e: Expr, negate: bool, depth: int, seen: list[int]) -> ColumnElement[bool]:
-    # The parser bounds parsed searches; these bound hand-built ones (F) the same way. A parsed
-    # search has one level more than its parentheses and `not`s: the top And/Or.
-    if depth > MAX_DEPTH + 1:
-        raise SearchSyntaxError(f"search nested too deeply: at most {MAX_DEPTH} levels")
-    if isinstance(e, Not):
-        # `not` is pushed down to the comparisons (De Morgan): every NOT (...) costs SQLite parser stack.
-        return _compile(e.item, not negate, depth + 1, seen)
-    if isinstance(e, (And, Or)):
-        join = and_ if isinstance(e, And) != negate else or_
-        return join(*(_compile(i, negate, depth + 1, seen) for i in e.items))
-    if not isinstance(e, Compare):
-        raise TypeError(f"not a search expression: {e!r}")
-    seen[0] += 1
-    if seen[0] > MAX_COMPARISONS:
-        raise SearchSyntaxError(f"too many comparisons: at most {MAX_COMPARISONS}")
-    try:
-        value = _check(e.field, e.op, e.value)
-    except _Bad as bad:
-        raise SearchSyntaxError(bad.message) from None
-    col = getattr(Model, e.field)
-    if e.op == "~":
-        # ilike: SQLite's LIKE ignores ASCII case anyway; ILIKE / lower() make PostgreSQL agree.
-        cond = col.ilike(_like(value), escape="\\")
-        # `name~'vit_*'` also matches timm/vit_base...: globs as timm.list_models takes them. A glob
-        # that starts with * matches the short name only if it matches the full one: skip the OR.
-        if e.field == "name" and not value.startswith("*"):
-            cond = or_(cond, Model.short.ilike(_like(value), escape="\\"))
-    else:
-        cond = _SQL_OPS[e.op](col, value)
-    # SQL's NULL would make `not task = x` drop rows without a task; compare as false instead.
-    if Model.__table__.c[e.field].nullable:
-        cond = and_(col.is_not(None), cond)
-    return not_(cond) if negate else cond
-
-
-def compile_search(expr: str | Expr) -> ColumnElement[bool]:
-    """A WHERE clause on Model for a search (text or Expr); values go in bound parameters."""
-    return _compile(parse(expr) if isinstance(expr, str) else expr, False, 0, [0])
-
-
-def sort_clause(spec: str):
-    """ORDER BY for "params" (ascending) or "-params" (descending); rows without a value go last."""
+def parse_sort(spec: str) -> tuple[str, bool]:
+    """(field, descending) for "params" (ascending) or "-params" (descending)."""
     text = spec.strip()
-    desc = text.startswith("-")
-    name = text[1:] if desc else text
+    descending = text.startswith("-")
+    name = text[1:] if descending else text
     if name.lower() not in FIELDS:
-        col = len(spec) - len(spec.lstrip()) + 1 + desc
-        raise SearchSyntaxError(f"cannot sort by {name!r}: expected one of {_FIELD_LIST}", spec, col)
-    col = getattr(Model, name.lower())
-    return (col.desc() if desc else col.asc()).nulls_last()
+        column = len(spec) - len(spec.lstrip()) + 1 + descending
+        raise SearchSyntaxError(f"cannot sort by {name!r}: expected one of {_FIELD_LIST}", spec, column)
+    return name.lower(), descending

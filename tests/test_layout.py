@@ -1,0 +1,119 @@
+"""The shape of the code: one home per stage, imports that only point down, no shadowed submodules,
+every exception in zoo.errors. Read from the source with ast, so a lazy import inside a function counts."""
+
+import ast
+import importlib
+import inspect
+from pathlib import Path
+
+import pytest
+
+import zoo
+from zoo import errors
+
+PACKAGE = Path(zoo.__file__).resolve().parent
+# Lower layers first; a module may import only from its own layer or below. TYPE_CHECKING-only
+# imports (annotations) are not imports at run time and are skipped.
+LAYERS = [
+    ["zoo.errors", "zoo.constants", "zoo.columns"],
+    ["zoo.query", "zoo.recipe", "zoo.inspection", "zoo.model_info"],
+    ["zoo.meta", "zoo.weights"],
+    ["zoo.families"],
+    ["zoo.build", "zoo.templates"],
+    ["zoo.analysis", "zoo.materialize"],
+    ["zoo.registry"],
+    ["zoo.indexer"],
+    ["zoo.api"],
+    ["zoo", "zoo.cli"],
+]
+MAX_LINES = 400
+
+
+def _modules() -> dict[str, Path]:
+    out = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+        out[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return out
+
+
+def _layer(module: str) -> int:
+    best = None
+    for i, layer in enumerate(LAYERS):
+        for prefix in layer:
+            if (module == prefix or module.startswith(prefix + ".")) and (best is None or len(prefix) > best[1]):
+                best = (i, len(prefix))
+    assert best is not None, f"{module} is in no layer of tests/test_layout.py: place it"
+    return best[0]
+
+
+def _imports(path: Path, module: str) -> set[str]:
+    """Every module `module` imports anywhere in its source, `from zoo import x` as zoo.x."""
+    tree = ast.parse(path.read_text())
+    skipped = set()
+    for node in ast.walk(tree):  # `if TYPE_CHECKING:` blocks
+        if isinstance(node, ast.If) and getattr(node.test, "id", None) == "TYPE_CHECKING":
+            skipped |= {id(n) for n in ast.walk(node)}
+    found = set()
+    for node in ast.walk(tree):
+        if id(node) in skipped:
+            continue
+        if isinstance(node, ast.Import):
+            found |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            assert not node.level, f"{module}: zoo uses absolute imports only"
+            base = node.module
+            found.add(base)
+            found |= {f"{base}.{a.name}" for a in node.names if f"{base}.{a.name}" in _modules()}
+    return found
+
+
+def test_no_module_is_over_the_size_limit():
+    sizes = {m: len(p.read_text().splitlines()) for m, p in _modules().items()}
+    assert {m: n for m, n in sizes.items() if n > MAX_LINES} == {}
+
+
+def test_imports_point_down_the_data_flow():
+    modules = _modules()
+    wrong = []
+    for module, path in modules.items():
+        for imported in _imports(path, module):
+            if imported == "zoo" and module != "zoo":  # `from zoo import x` names a submodule, checked as one
+                continue
+            if imported == "zoo" or imported.startswith("zoo."):
+                target = max((m for m in modules if imported == m or imported.startswith(m + ".")), key=len)
+                if _layer(target) > _layer(module):
+                    wrong.append(f"{module} imports {target}")
+    assert wrong == []
+
+
+def test_the_grammar_imports_neither_the_registry_nor_sqlalchemy_nor_torch():
+    imported = _imports(PACKAGE / "query.py", "zoo.query")
+    assert not {i for i in imported if i.split(".")[0] in ("sqlalchemy", "torch") or i.startswith("zoo.registry")}
+
+
+@pytest.mark.parametrize("module", sorted(m for m in _modules() if "." in m))
+def test_no_submodule_is_shadowed_by_an_attribute_of_its_package(module):
+    parent, leaf = module.rsplit(".", 1)
+    loaded = importlib.import_module(module)
+    assert getattr(importlib.import_module(parent), leaf) is loaded
+
+
+def test_every_exception_lives_in_zoo_errors_and_is_exported():
+    defined_elsewhere = []
+    for module, path in _modules().items():
+        if module == "zoo.errors":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ClassDef) and any(
+                    getattr(b, "id", getattr(b, "attr", "")).endswith(("Error", "Exception", "Timeout"))
+                    for b in node.bases):
+                defined_elsewhere.append(f"{module}.{node.name}")
+    assert defined_elsewhere == []
+    classes = [c for _, c in inspect.getmembers(errors, inspect.isclass)
+               if issubclass(c, BaseException) and c.__module__ == "zoo.errors"]
+    assert {c.__name__ for c in classes} <= set(zoo.__all__)
+    assert all(issubclass(c, errors.ZooError) for c in classes)
+    # each also subclasses a built-in exception other than Exception itself, so `except KeyError` etc. work
+    assert all(any(b.__module__ == "builtins" and b is not Exception for b in c.__mro__[1:]) for c in classes
+               if c is not errors.ZooError)

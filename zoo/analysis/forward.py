@@ -1,0 +1,60 @@
+"""What every meta forward shares: the device context, train/eval mode, the output's shapes, a loss."""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+from torch import nn
+
+from zoo.analysis.inputs import tensor_leaves
+from zoo.analysis.meters import FusedAttention
+from zoo.inspection import dtype_name
+
+
+@contextlib.contextmanager
+def train_mode(module: nn.Module, training: bool):
+    """Run a module in train or eval mode, restoring each submodule's own flag afterwards."""
+    saved = [(m, m.training) for m in module.modules()]
+    module.train(training)
+    try:
+        yield module
+    finally:
+        for m, flag in saved:
+            m.training = flag
+
+
+def device_context(module: nn.Module):
+    """For a forward of a meta module: factory calls without a device land on meta too, and attention
+    allocates as the fused kernel would (FusedAttention). A real module runs as it is."""
+    first = next(iter([*module.parameters(), *module.buffers()]), None)
+    if first is not None and not first.is_meta:
+        return contextlib.nullcontext()
+    stack = contextlib.ExitStack()
+    stack.enter_context(torch.device("meta"))
+    stack.enter_context(FusedAttention())
+    return stack
+
+
+def outputs_of(value, path: str = "") -> list:
+    """[path, shape, dtype] for every tensor in a (nested) output; path "" for a lone tensor."""
+    if isinstance(value, torch.Tensor):
+        return [[path, list(value.shape), dtype_name(value.dtype)]]
+    out = []
+    if isinstance(value, dict):
+        items = value.items()
+    elif isinstance(value, (list, tuple)):
+        fields = getattr(value, "_fields", None)
+        items = zip(fields, value) if fields else enumerate(value)
+    else:
+        return out
+    for k, v in items:
+        out += outputs_of(v, f"{path}.{k}" if path else str(k))
+    return out
+
+
+def loss_of(output) -> torch.Tensor | None:
+    """A scalar to run backward from: the sum of every floating output that requires grad."""
+    terms = [t.float().sum() for t in tensor_leaves(output) if t.is_floating_point() and t.requires_grad]
+    return torch.stack(terms).sum() if terms else None
+

@@ -1,0 +1,201 @@
+"""Meters for forwards on meta: live and saved activation bytes, FLOPs, and attention as a real device runs it.
+
+On meta every op computes shapes and dtypes and no value, yet allocates as it would on a device:
+the meters below watch those allocations (``LiveBytes``: storages as they live and die;
+``SavedBytes``: what autograd keeps for backward) and count FLOPs (``flop_counter``: 2 per
+multiply-accumulate in matmuls, convolutions and attention, nothing for elementwise ops).
+"""
+
+from __future__ import annotations
+
+import time
+import weakref
+
+import torch
+from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from zoo.analysis.inputs import tensor_leaves
+from zoo.errors import AnalysisTimeout
+
+
+def storage_key(t: torch.Tensor):
+    try:
+        st = t.untyped_storage()
+    except (RuntimeError, NotImplementedError, TypeError):  # sparse, nested, some subclasses
+        return None, None
+    return st._cdata, st
+
+
+class LiveBytes(TorchDispatchMode):
+    """Peak bytes of the storages that ops create while it is active, as they live and die.
+
+    Sound because every tensor an aten op creates passes through __torch_dispatch__ as an output,
+    and PyTorch keeps a storage's Python object alive as long as its C++ storage lives (however
+    many views share it, whoever holds it: autograd's saved tensors included), so a weakref
+    finalizer on the storage fires exactly when the memory would be freed. Storages that existed
+    before (weights, buffers, inputs, `known`) are not counted; a view of a counted storage adds
+    nothing. On meta this is the allocation pattern of the same program on a real device, without
+    allocator rounding, caching or kernels' internal workspaces.
+
+    `grads`: bytes of gradients that have landed in .grad (add_grad) are tracked apart so the
+    activation peak can be read without them. A `deadline` (time.perf_counter) stops a forward
+    that runs too long.
+    """
+
+    def __init__(self, known=(), deadline: float | None = None):
+        super().__init__()
+        self.known = set(known)
+        self.live: dict[int, int] = {}
+        self.current = self.peak = 0
+        self.grads = 0
+        self.peak_without_grads = 0
+        self.deadline = deadline
+
+    def _free(self, key):
+        self.current -= self.live.pop(key, 0)
+
+    def add_grad(self, nbytes: int):
+        self.grads += nbytes
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if self.deadline is not None and time.perf_counter() > self.deadline:
+            raise AnalysisTimeout("the meta forward ran past its time budget")
+        for t in tensor_leaves(out):
+            key, st = storage_key(t)
+            if key is None or key in self.known:
+                continue
+            nbytes = st.nbytes()
+            old = self.live.get(key)
+            if old is None:
+                self.live[key] = nbytes
+                self.current += nbytes
+                weakref.finalize(st, self._free, key)
+            elif old != nbytes:  # resized in place (out= kernels)
+                self.live[key] = nbytes
+                self.current += nbytes - old
+        if self.current > self.peak:
+            self.peak = self.current
+        if self.current - self.grads > self.peak_without_grads:
+            self.peak_without_grads = self.current - self.grads
+        return out
+
+
+class FusedAttention(torch.overrides.TorchFunctionMode):
+    """On meta, run scaled_dot_product_attention as the fused kernel a real device would pick.
+
+    On meta, SDPA falls back to its math path, which materializes (and in training saves) the
+    batch x heads x queries x keys attention matrix; on CPU (and CUDA) PyTorch runs a flash kernel
+    that saves only the output and a log-sum-exp. Wherever PyTorch's own CPU selection
+    (torch._fused_sdp_choice, asked with stride-0 stand-ins of the same shapes, dtypes and
+    options) picks flash, this calls the same aten op CPU calls, whose meta kernel allocates as it
+    does. Elsewhere (dropout, grouped heads, ...) the math path stays, as on CPU.
+    """
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is torch.nn.functional.scaled_dot_product_attention:
+            fused = _flash_for_cpu(*args, **kwargs)
+            if fused is not None:
+                return fused
+        return func(*args, **kwargs)
+
+
+def _flash_for_cpu(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
+                   enable_gqa=False):
+    tensors = [query, key, value] + ([attn_mask] if attn_mask is not None else [])
+    if not all(isinstance(t, torch.Tensor) and t.is_meta for t in tensors) or query.dim() != 4:
+        return None
+    if key.size(1) != query.size(1) or attn_mask is not None and attn_mask.dtype == torch.bool:
+        return None  # grouped heads and boolean masks: leave them to the math path, as they are
+
+    def stand_in(t):  # CPU, one row of storage: the choice reads shapes, dtypes, the last stride, requires_grad
+        row = torch.zeros((1,) * (t.dim() - 1) + (t.shape[-1],), dtype=t.dtype, device="cpu",
+                          requires_grad=t.requires_grad and torch.is_grad_enabled())
+        return row.expand(t.shape)
+
+    from torch.nn.attention import SDPBackend
+
+    try:
+        choice = torch._fused_sdp_choice(stand_in(query), stand_in(key), stand_in(value),
+                                         attn_mask=stand_in(attn_mask) if attn_mask is not None else None,
+                                         dropout_p=dropout_p, is_causal=is_causal, scale=scale)
+    except (RuntimeError, ValueError, TypeError):  # shapes SDPA itself will refuse: let it say so
+        return None
+    if choice != int(SDPBackend.FLASH_ATTENTION):
+        return None
+    return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+        query, key, value, dropout_p, is_causal, attn_mask=attn_mask, scale=scale)[0]
+
+
+def _flash_cpu_flops(query_shape, key_shape, value_shape, *args, out_shape=None, **kwargs) -> int:
+    """FlopCounterMode has no formula for the CPU flash op: the one it has for the other fused kernels."""
+    from torch.utils.flop_counter import sdpa_flop_count
+
+    return sdpa_flop_count(query_shape, key_shape, value_shape)
+
+
+class _GlobalOnly:
+    """Stands in for FlopCounterMode's ModuleTracker: totals only. The tracker's per-module hooks cost
+    time, and they assert on views of parameters made under no_grad (timm's CaiT class token)."""
+
+    parents = ("Global",)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+def flop_counter():
+    """torch.utils.flop_counter.FlopCounterMode counting the whole forward (get_total_flops)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    counter = FlopCounterMode(display=False, custom_mapping={
+        torch.ops.aten._scaled_dot_product_flash_attention_for_cpu: _flash_cpu_flops})
+    counter.mod_tracker = _GlobalOnly()
+    return counter
+
+
+def known_storages(module: nn.Module, *values) -> set[int]:
+    keys = set()
+    for t in [*module.parameters(), *module.buffers(), *tensor_leaves(values)]:
+        key, _ = storage_key(t)
+        if key is not None:
+            keys.add(key)
+    return keys
+
+
+class SavedBytes:
+    """Bytes autograd holds for backward, once per storage, weights and inputs excluded: `bytes` is what
+    is still held now (a saved tensor of a graph branch that was dropped is freed with it)."""
+
+    def __init__(self, known=(), deadline: float | None = None):
+        self.known = set(known)
+        self.held: dict[int, int] = {}
+        self.bytes = 0
+        self.deadline = deadline
+        self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, lambda t: t)
+
+    def _pack(self, t):
+        if self.deadline is not None and time.perf_counter() > self.deadline:
+            raise AnalysisTimeout("the meta forward ran past its time budget")
+        key, st = storage_key(t)
+        if key is not None and key not in self.known and key not in self.held:
+            self.held[key] = st.nbytes()
+            self.bytes += self.held[key]
+            weakref.finalize(st, self._release, key)
+        return t
+
+    def _release(self, key):
+        self.bytes -= self.held.pop(key, 0)
+
+    def __enter__(self):
+        self._hooks.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        return self._hooks.__exit__(*exc)
+

@@ -1,0 +1,64 @@
+"""Search expressions (zoo.query) -> SQLAlchemy clauses on the models table, values in bound parameters only."""
+
+from __future__ import annotations
+
+import operator
+
+from sqlalchemy import ColumnElement, and_, not_, or_
+
+from zoo.errors import SearchSyntaxError
+from zoo.query import MAX_COMPARISONS, MAX_DEPTH, And, Compare, Expr, Not, Or, check, parse, parse_sort
+from zoo.registry.tables import Model
+
+_SQL_OPS = {"<": operator.lt, "<=": operator.le, ">": operator.gt, ">=": operator.ge, "=": operator.eq, "!=": operator.ne}
+
+
+def _like(glob: str) -> str:
+    """A glob as a LIKE pattern with escape character backslash."""
+    table = {"*": "%", "?": "_", "%": "\\%", "_": "\\_", "\\": "\\\\"}
+    return "".join(table.get(c, c) for c in glob)
+
+
+def _compile(e: Expr, negate: bool, depth: int, seen: list[int]) -> ColumnElement[bool]:
+    # The parser bounds parsed searches; these bound hand-built ones (F) the same way. A parsed
+    # search has one level more than its parentheses and `not`s: the top And/Or.
+    if depth > MAX_DEPTH + 1:
+        raise SearchSyntaxError(f"search nested too deeply: at most {MAX_DEPTH} levels")
+    if isinstance(e, Not):
+        # `not` is pushed down to the comparisons (De Morgan): every NOT (...) costs SQLite parser stack.
+        return _compile(e.item, not negate, depth + 1, seen)
+    if isinstance(e, (And, Or)):
+        join = and_ if isinstance(e, And) != negate else or_
+        return join(*(_compile(i, negate, depth + 1, seen) for i in e.items))
+    if not isinstance(e, Compare):
+        raise TypeError(f"not a search expression: {e!r}")
+    seen[0] += 1
+    if seen[0] > MAX_COMPARISONS:
+        raise SearchSyntaxError(f"too many comparisons: at most {MAX_COMPARISONS}")
+    value = check(e.field, e.op, e.value)
+    col = getattr(Model, e.field)
+    if e.op == "~":
+        # ilike: SQLite's LIKE ignores ASCII case anyway; ILIKE / lower() make PostgreSQL agree.
+        cond = col.ilike(_like(value), escape="\\")
+        # `name~'vit_*'` also matches timm/vit_base...: globs as timm.list_models takes them. A glob
+        # that starts with * matches the short name only if it matches the full one: skip the OR.
+        if e.field == "name" and not value.startswith("*"):
+            cond = or_(cond, Model.short.ilike(_like(value), escape="\\"))
+    else:
+        cond = _SQL_OPS[e.op](col, value)
+    # SQL's NULL would make `not task = x` drop rows without a task; compare as false instead.
+    if Model.__table__.c[e.field].nullable:
+        cond = and_(col.is_not(None), cond)
+    return not_(cond) if negate else cond
+
+
+def compile_search(expr: str | Expr) -> ColumnElement[bool]:
+    """A WHERE clause on Model for a search (text or Expr); values go in bound parameters."""
+    return _compile(parse(expr) if isinstance(expr, str) else expr, False, 0, [0])
+
+
+def sort_clause(spec: str):
+    """ORDER BY for "params" (ascending) or "-params" (descending); rows without a value go last."""
+    name, descending = parse_sort(spec)
+    col = getattr(Model, name)
+    return (col.desc() if descending else col.asc()).nulls_last()

@@ -1,0 +1,122 @@
+"""Text for people: sizes, tables, a model's recorded rows, its tensors and its module tree (the CLI's output)."""
+
+import json
+
+SEARCH_COLUMNS = ("name", "params", "bytes", "task", "arch")
+
+
+def human(n: int | None, unit: str = "") -> str:
+    if n is None:
+        return "-"
+    if unit == "B":
+        for suffix, size in (("TiB", 1 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+            if n >= size:
+                return f"{n / size:.1f} {suffix}"
+        return f"{n} B"
+    for suffix, size in (("T", 1e12), ("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        if n >= size:
+            return f"{n / size:.2f}{suffix}"
+    return str(n)
+
+
+def si(n: int | None, unit: str) -> str:
+    """1.82e9, "FLOPs" -> "1.82 GFLOPs" (powers of 1000)."""
+    if n is None:
+        return "-"
+    for prefix, size in (("P", 1e15), ("T", 1e12), ("G", 1e9), ("M", 1e6), ("K", 1e3)):
+        if n >= size:
+            return f"{n / size:.2f} {prefix}{unit}"
+    return f"{n} {unit}"
+
+
+def analysis_rows(info) -> list[tuple[str, str]]:
+    if info.scan_status is None:
+        return [("analysis", "- (not analysed: indexed before zoo recorded analysis; re-index it)")]
+    if info.scan_status != "ok":
+        return [("analysis", info.scan_status + (f": {info.scan_error}" if info.scan_error else ""))]
+    outputs = ", ".join(f"{p + ': ' if p else ''}{'x'.join(map(str, shape)) or 'scalar'} {dtype}"
+                        for p, shape, dtype in (info.output_shapes or [])[:8])
+    more = len(info.output_shapes or []) - 8
+    rows = [
+        ("flops", f"{si(info.flops, 'FLOPs')} ({si(info.macs, 'MACs')}), batch 1 at the input size"),
+        ("activations", f"{human(info.peak_activation_bytes, 'B')} peak in inference, "
+                        f"{human(info.train_activation_bytes, 'B')} saved for backward in training"),
+        ("output", outputs + (f", ... ({more} more)" if more > 0 else "")),
+    ]
+    if info.scan_error:
+        rows.append(("analysis note", info.scan_error))
+    return rows
+
+
+def cell(info, column: str) -> str:
+    value = getattr(info, column)
+    if column == "params":
+        return human(value)
+    if column == "bytes":
+        return human(value, "B")
+    return "-" if value is None else str(value)
+
+
+def table(rows: list[list[str]]) -> str:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows)
+
+
+def info_rows(info) -> list[tuple[str, str]]:
+    """What `zoo show` prints of a model: one (label, text) row each."""
+    rows = [
+        ("name", info.name), ("family", info.family), ("builder", info.builder),
+        ("kwargs", json.dumps(info.kwargs)), ("arch", info.arch or "-"), ("task", info.task or "-"),
+        ("input size", "x".join(map(str, info.input_size)) if info.input_size else "-"),
+        ("params", f"{info.params:,} ({human(info.params)})" if info.params is not None else "-"),
+        ("trainable", f"{info.trainable:,}" if info.trainable is not None else "-"),
+        ("buffers", f"{info.buffers:,} elements" if info.buffers is not None else "-"),
+        ("tensors", str(info.tensors) if info.tensors is not None else "-"),
+        ("bytes", f"{human(info.bytes, 'B')} ({human(info.param_bytes, 'B')} params + "
+                  f"{human(info.buffer_bytes, 'B')} buffers, {info.dtype})" if info.bytes is not None else "-"),
+        ("status", info.status + (f": {info.error}" if info.error else "")),
+        *(analysis_rows(info) if info.status == "ok" else []),
+        ("versions", ", ".join(f"{k} {v}" for k, v in info.versions.items()) or "-"),
+        ("indexed", info.indexed_at.isoformat(timespec="seconds")),
+    ]
+    rows += [(f"weights {w['tag']}", f"{w['path']} ({human(w['bytes'], 'B')}, sha256 {w['sha256'][:12]}...)")
+             for w in info.weights or []]
+    return rows
+
+
+def tensor_rows(tensor_table) -> list[list[str]]:
+    """A header and one row per tensor name (aliases marked as ties)."""
+    header = ["tensor", "kind", "shape", "dtype", "bytes", "note"]
+    return [header] + [[t.name, t.kind, "x".join(map(str, t.shape)) or "scalar", t.dtype, human(t.bytes, "B"),
+                        ("tied to " + t.tied_to if t.tied_to else "") + ("" if t.persistent else "non-persistent")]
+                       for t in tensor_table]
+
+
+def module_tree(name: str, modules):
+    """A rich Tree of zoo.analysis.ModuleScan rows: params, bytes and output shapes per module."""
+    from rich.markup import escape
+    from rich.tree import Tree
+
+    def label(m) -> str:
+        shapes = "; ".join(f"{p + ' ' if p else ''}{'x'.join(map(str, shape)) or 'scalar'}"
+                           + ("" if dtype == "float32" else f" {dtype}") for p, shape, dtype in m.outputs[:4])
+        if len(m.outputs) > 4:
+            shapes += f"; ... {len(m.outputs) - 4} more"
+        calls = f" x{m.calls}" if m.calls > 1 else ""
+        if m.calls:
+            out = f"-> {shapes}{calls}" if m.outputs else f"-> (no tensor output){calls}"
+        else:
+            out = "[red](stopped inside)[/red]" if m.entered else "[dim](not called)[/dim]"
+        leaf = m.name.rsplit(".", 1)[-1] or name
+        return (f"[bold]{escape(leaf)}[/bold] [cyan]{escape(m.type)}[/cyan]  {human(m.params)} params, "
+                f"{human(m.bytes, 'B')}  {escape(out) if m.calls else out}")
+
+    nodes = {}
+    root = None
+    for m in modules:
+        if m.name == "":
+            root = nodes[""] = Tree(label(m))
+            continue
+        parent = m.name.rsplit(".", 1)[0] if "." in m.name else ""
+        nodes[m.name] = nodes[parent].add(label(m))
+    return root
