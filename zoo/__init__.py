@@ -12,8 +12,9 @@ from typing import TYPE_CHECKING
 from zoo.api import Zoo, connect
 from zoo.errors import (
     AmbiguousName, AnalysisError, AnalysisTimeout, BuildFailed, CheckpointError, DownloadBlocked, HubUnavailable,
-    InvalidArgument, InvalidComparison, InvalidRecipe, MaterializeError, ModelNotFound, NotBuildable, RegistryDrift,
-    RegistryNotFound, SchemaOutdated, SearchSyntaxError, UnknownFamily, UntrustedBuilder, WeightsMismatch, ZooError,
+    InvalidArgument, InvalidComparison, InvalidRecipe, MaterializeError, ModelExists, ModelNotFound, NotBuildable,
+    RegistryDrift, RegistryError, RegistryNotFound, SchemaOutdated, SearchSyntaxError, UnknownFamily,
+    UntrustedBuilder, WeightsMismatch, ZooError,
 )
 from zoo.inspection import TensorInfo
 from zoo.model_info import ModelInfo
@@ -41,8 +42,8 @@ def check(name: str, weights, key_map=None) -> Fit:
     return Zoo().check(name, weights, key_map)
 
 
-def search(expression=None, order_by: str | None = None, limit: int | None = 100) -> list[ModelInfo]:
-    """Models matching e.g. "params<7e9 and family=timm" or F.params < 7e9 (see Zoo.search)."""
+def search(expression=None, order_by: str | None = None, limit: int | None = None) -> list[ModelInfo]:
+    """Every model matching e.g. "params<7e9 and family=timm" or F.params < 7e9 (see Zoo.search)."""
     return Zoo().search(expression, order_by, limit)
 
 
@@ -69,6 +70,6 @@ __all__ = [
     "TensorInfo",
     "ZooError", "ModelNotFound", "AmbiguousName", "SearchSyntaxError", "InvalidComparison", "BuildFailed",
     "NotBuildable", "InvalidRecipe", "InvalidArgument", "UntrustedBuilder", "UnknownFamily", "SchemaOutdated",
-    "RegistryDrift", "RegistryNotFound", "CheckpointError", "WeightsMismatch", "HubUnavailable", "DownloadBlocked",
+    "RegistryDrift", "RegistryError", "RegistryNotFound", "ModelExists", "CheckpointError", "WeightsMismatch", "HubUnavailable", "DownloadBlocked",
     "MaterializeError", "AnalysisError", "AnalysisTimeout",
 ]

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from zoo.constants import registry_url
@@ -26,10 +27,18 @@ class Zoo:
     def __init__(self, url: str | None = None):
         if url is None:
             url = registry_url()
-        self.url = url if "://" in url else f"sqlite:///{url}"
+        url = str(url)
+        self.url = url if "://" in url else f"sqlite:///{Path(url).expanduser().resolve()}"
 
     def __repr__(self) -> str:
-        return f"Zoo({self.url!r})"
+        return f"Zoo({db.masked(self.url)!r})"
+
+    def __str__(self) -> str:  # the URL as messages show it: no password
+        return db.masked(self.url)
+
+    def exists(self) -> bool:
+        """Whether the registry is there (a SQLite file exists; a server database is taken to)."""
+        return db.exists(self.url)
 
     # --- find ---------------------------------------------------------------------------------
 
@@ -38,8 +47,13 @@ class Zoo:
         with db.session(self.url) as s:
             return store.info(s, name, tensors)
 
-    def search(self, expression=None, order_by: str | None = None, limit: int | None = 100) -> list[ModelInfo]:
-        """Models matching a search string or F-expression; order_by "params" or "-params"; limit=None for all."""
+    def search(self, expression=None, order_by: str | None = None, limit: int | None = None) -> list[ModelInfo]:
+        """Every model matching a search string or F-expression (or the first `limit`), by name or by
+        order_by: a field, "-field" for descending ("-params")."""
+        if limit is not None and (not isinstance(limit, int) or isinstance(limit, bool) or not 0 <= limit < 2**63):
+            raise InvalidArgument(f"limit is a whole number >= 0 (or None for every match), not {limit!r}")
+        if order_by is not None and not isinstance(order_by, str):
+            raise InvalidArgument(f"order_by names a field, e.g. 'params' or '-params', not {order_by!r}")
         with db.session(self.url) as s:
             return store.search(s, expression, order_by, limit)
 
@@ -128,10 +142,11 @@ class Zoo:
 
     def add_weights(self, name: str, path, tag: str = "default", strict: bool = True) -> str:
         """Record a weights file for a model under a tag, with its sha256, once it fits the model; returns the sha256."""
-        from pathlib import Path
-
         from zoo.weights.digest import digest
 
+        if not isinstance(tag, str) or not tag.strip() or len(tag) > 64 or tag.startswith("hf://"):
+            raise InvalidArgument(f"a weights tag is a name of 1 to 64 characters, such as 'default' or 'v1.0', "
+                                  f"not {tag!r}")
         path = Path(path).resolve()
         result = self.check(name, path)
         if result.misshaped or (strict and (result.missing or result.unexpected)):
@@ -142,24 +157,37 @@ class Zoo:
         return sha256
 
     def weights_path(self, name: str, weights):
-        """A tag recorded for the model ("default") becomes its file, its sha256 checked; anything else is as given."""
-        from pathlib import Path
-
-        if isinstance(weights, str) and weights.startswith("hf://"):
+        """What to load for `weights`: hf://ORG/NAME through the hub cache; a tag recorded for the model
+        ("default", "v1.0") becomes its file, sha256 checked; any other string is a path; a state dict is itself."""
+        if not isinstance(weights, str):
+            return weights
+        if weights.startswith("hf://"):
             from zoo.weights.hub import resolve_hub_weights
             return resolve_hub_weights(weights)
-        if not isinstance(weights, str) or Path(weights).exists() or "/" in weights or "." in weights:
-            return weights
         from zoo.weights.digest import verify
 
         with db.session(self.url) as s:
-            entry = store.weights_entry(s, store.resolve(s, name).name, weights)
-            tags = [w["tag"] for w in store.info(s, name).weights]
+            full = store.resolve(s, name).name
+            entry = store.weights_entry(s, full, weights)  # a tag first: "v1.0" is a tag before it is a path
+            tags = [w["tag"] for w in store.info(s, full).weights]
         if entry is None:
+            if Path(weights).exists() or "/" in weights or "." in weights:
+                return weights
             raise CheckpointError(f"{weights!r} is neither a file nor a weights tag of {name} "
                                   f"(tags: {', '.join(tags) or 'none; add one with `zoo weights add`'})")
         verify(entry.path, entry.sha256)
         return entry.path
+
+    def constructor_files(self, name: str) -> list[str]:
+        """The weights files a model's constructor reads itself (recorded at index time as tags
+        "constructor", "constructor-2", ...), each checked against its recorded sha256."""
+        from zoo.indexer import CONSTRUCTOR_TAG
+        from zoo.weights.digest import verify
+
+        files = [w for w in self.info(name).weights if w["tag"].split("-")[0] == CONSTRUCTOR_TAG]
+        for w in files:
+            verify(w["path"], w["sha256"])
+        return [w["path"] for w in files]
 
     # --- record -------------------------------------------------------------------------------
 
@@ -173,32 +201,34 @@ class Zoo:
         """
         from zoo import indexer
 
+        indexer.workers_for(jobs)  # refused before anything is built
         if source == "hf":
             return indexer.index_configs(self.url, list(targets), name, revision, force, progress=progress)
         if name is not None or revision is not None:
             raise InvalidArgument(f"name and revision apply to hf sources, not to {source}")
         return indexer.index_family(self.url, source, list(targets), jobs=jobs, force=force, progress=progress)
 
-    def index_builder(self, builder: str, name: str, kwargs: dict | None = None) -> dict:
-        """Index a model built by a user's MODULE:FUNCTION (its package trusted for this call); returns its row."""
+    def index_builder(self, builder: str, name: str, kwargs: dict | None = None, force: bool = False) -> dict:
+        """Index a model built by a user's MODULE:FUNCTION (its package trusted for this call); returns its row.
+        A model of another family or builder under that name is replaced only with force=True."""
         from zoo import indexer
 
         recipe = Recipe("user", builder, kwargs or {})
         full = name if "/" in name else f"user/{name}"
-        return indexer.index_one(self.url, full, recipe, trusted={builder.split(":")[0].split(".")[0]})
+        return indexer.index_one(self.url, full, recipe, trusted={builder.split(":")[0].split(".")[0]}, force=force)
 
-    def index_checkpoint(self, path, name: str | None = None) -> dict:
+    def index_checkpoint(self, path, name: str | None = None, force: bool = False) -> dict:
         """Record a weights file's tensors (no module); returns its row."""
-        from pathlib import Path
-
         from zoo import indexer
 
-        return indexer.index_checkpoint(self.url, str(path), name or f"checkpoint/{Path(path).stem}")
+        return indexer.index_checkpoint(self.url, str(path), name or f"checkpoint/{Path(path).stem}", force=force)
 
     def remove(self, name: str) -> str:
         """Delete a model, its tensors and its recorded weights; returns its full name."""
+        with db.session(self.url) as s:  # an unknown name is refused before the file is opened for writing
+            full = store.resolve(s, name).name
         with db.session(self.url, write=True) as s, s.begin():
-            return store.remove(s, name)
+            return store.remove(s, full)
 
     def upgrade(self, revision: str = "head") -> str | None:
         """Bring the schema to `revision` through the alembic migrations; returns the revision now."""
@@ -217,16 +247,23 @@ class Zoo:
 class _Materializer:
     """A gotten module's .materialize(device="cpu", weights=None, dtype=None, strict=True, key_map=None,
     copy=True, cast_non_persistent=False) (see zoo.materialize.materialize); `weights` may also be a tag
-    recorded for the model or hf://ORG/NAME. An object, not a closure, so that the module pickles."""
+    recorded for the model, hf://ORG/NAME, or "constructor" for a model whose constructor loads weights
+    files it ships (checked by sha256, then loaded by the constructor itself). An object, not a closure,
+    so that the module pickles."""
 
     def __init__(self, module, url: str, name: str):
         self.module, self.url, self.name = module, url, name
 
     def __call__(self, device="cpu", weights=None, dtype=None, strict=True, key_map=None, copy=True,
                  cast_non_persistent=False):
+        from zoo.indexer import CONSTRUCTOR_TAG
         from zoo.materialize import materialize
 
-        weights = Zoo(self.url).weights_path(self.name, weights)
+        registry = Zoo(self.url)
+        if weights == CONSTRUCTOR_TAG and registry.constructor_files(self.name):
+            weights = None  # the constructor reads its own files, now checked, exactly as it does eagerly
+        else:
+            weights = registry.weights_path(self.name, weights)
         return materialize(self.module, device=device, weights=weights, dtype=dtype, strict=strict, key_map=key_map,
                            copy=copy, cast_non_persistent=cast_non_persistent,
                            recipe=self.module.__dict__.get("_zoo_recipe"))

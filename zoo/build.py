@@ -44,7 +44,7 @@ def _hf_constants():
     return constants
 
 
-def _vetted(recipe: Recipe, trusted: set[str] | None):
+def vetted(recipe: Recipe, trusted: set[str] | None = None):
     """The recipe's family, once it has vetted the builder; nothing of the builder is imported before."""
     fam = family(recipe.family)
     if trusted is not None and recipe.family == "user":
@@ -64,19 +64,45 @@ def _run(recipe: Recipe, fam, context):
         raise BuildFailed(f"{recipe.family}/{recipe.builder}: {type(e).__name__}: {e}") from e
 
 
-def build_meta(recipe: Recipe, trusted: set[str] | None = None, keep_all_values: bool = False):
+@contextlib.contextmanager
+def loads_on_meta(files_read: list):
+    """torch.load inside a meta build reads no data: a constructor that loads its own shipped weights
+    gets them on meta (weights_only: a pickle's code never runs), and the files are noted in files_read."""
+    import torch
+
+    original = torch.load
+
+    def load(f, *_location_and_pickle_module, **kwargs):
+        if isinstance(f, (str, os.PathLike)):
+            files_read.append(os.path.abspath(f))
+        rest = {k: v for k, v in kwargs.items() if k not in ("map_location", "pickle_module", "weights_only", "mmap")}
+        return original(f, map_location="meta", weights_only=True, **rest)
+
+    torch.load = load
+    try:
+        yield files_read
+    finally:
+        torch.load = original
+
+
+def build_meta(recipe: Recipe, trusted: set[str] | None = None, keep_all_values: bool = False,
+               files_read: list | None = None):
     """The module of `recipe` with every tensor on meta. Constructed values of small tensors ride
-    along (zoo.meta); keep_all_values keeps them at any size, for materialize's non-persistent buffers."""
+    along (zoo.meta); keep_all_values keeps them at any size, for materialize's non-persistent buffers.
+    Files the constructor reads with torch.load are appended to files_read (see loads_on_meta)."""
     import sys
 
     from zoo.meta import SHADOW_LIMIT, force_meta
 
-    fam = _vetted(recipe, trusted)
-    return _run(recipe, fam, force_meta(sys.maxsize if keep_all_values else SHADOW_LIMIT))
+    fam = vetted(recipe, trusted)
+    context = contextlib.ExitStack()
+    context.enter_context(loads_on_meta([] if files_read is None else files_read))
+    context.enter_context(force_meta(sys.maxsize if keep_all_values else SHADOW_LIMIT))
+    return _run(recipe, fam, context)
 
 
 def build_real(recipe: Recipe, device):
     """The model built eagerly, exactly as its own constructor builds it (init and RNG draws included)."""
     import torch
 
-    return _run(recipe, _vetted(recipe, None), torch.device(device))
+    return _run(recipe, vetted(recipe, None), torch.device(device))

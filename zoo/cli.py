@@ -2,6 +2,7 @@
 
 import argparse
 import json
+import os
 import sys
 
 from zoo import render
@@ -24,10 +25,13 @@ def cmd_search(zoo, args) -> int:
     return 0
 
 
-def _depth(text: str) -> int:
-    if not text.isdigit():
-        raise argparse.ArgumentTypeError(f"a depth is a whole number >= 0, not {text!r}")
-    return int(text)
+def _whole(minimum: int, what: str):
+    """An argparse type: a whole number from `minimum` up (and below 2**63, what a database can take)."""
+    def parse(text: str) -> int:
+        if not text.strip().isdigit() or not minimum <= int(text) < 2**63:
+            raise argparse.ArgumentTypeError(f"{what} is a whole number >= {minimum}, not {text!r}")
+        return int(text)
+    return parse
 
 
 def _show_tree(zoo, info, args) -> int:
@@ -128,10 +132,22 @@ def _progress_reporter(quiet: bool):
 
 
 def cmd_index(zoo, args) -> int:
+    fresh = not zoo.exists()
+    status = _index(zoo, args)
+    if fresh and zoo.exists():
+        print(f"created a new registry at {zoo.url.removeprefix('sqlite:///')}", file=sys.stderr)
+    return status
+
+
+def _index(zoo, args) -> int:
     if args.source == "builder":
-        return _index_single(args, lambda: zoo.index_builder(args.target, args.name, json.loads(args.kwargs)))
+        return _index_single(args, lambda: zoo.index_builder(args.target, args.name, json.loads(args.kwargs),
+                                                             force=args.force))
     if args.source == "checkpoint":
-        return _index_single(args, lambda: zoo.index_checkpoint(args.target, args.name))
+        return _index_single(args, lambda: zoo.index_checkpoint(args.target, args.name, force=args.force))
+    workers = min(args.jobs, os.cpu_count() or 1)
+    if workers < args.jobs:
+        print(f"-j {args.jobs}: using {workers} worker processes, the CPU count", file=sys.stderr)
     bar, report = _progress_reporter(args.quiet or args.json)
     try:
         if bar:
@@ -168,10 +184,11 @@ def _index_single(args, run) -> int:
 
 def cmd_db(zoo, args) -> int:
     if args.action == "upgrade":
-        print(f"{zoo.url}: schema at {zoo.upgrade(args.revision)}")
+        fresh = not zoo.exists()
+        print(f"{zoo}: {'created, ' if fresh else ''}schema at {zoo.upgrade(args.revision)}")
     elif args.action == "compact":
         zoo.compact()
-        print(f"{zoo.url}: compacted")
+        print(f"{zoo}: compacted")
     else:
         print(zoo.revision() or "empty")
     return 0
@@ -189,7 +206,7 @@ def parser() -> argparse.ArgumentParser:
     s = sub.add_parser("search", parents=[common], help="search the registry: 'params<1e8 and name~*vit*'")
     s.add_argument("expression", nargs="?", default=None)
     s.add_argument("--sort", help="field to sort by; -field for descending")
-    s.add_argument("--limit", type=int, default=100, help="at most N rows (0: all)")
+    s.add_argument("--limit", type=_whole(0, "a limit"), default=100, help="at most N rows (0: all)")
     s.add_argument("--json", action="store_true")
     s.set_defaults(run=cmd_search)
 
@@ -197,18 +214,18 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("name")
     s.add_argument("--tensors", action="store_true", help="list every tensor")
     s.add_argument("--tree", action="store_true", help="module tree: params, bytes, output shapes (runs a meta forward)")
-    s.add_argument("--depth", type=_depth, default=None, help="with --tree: modules at most N levels deep")
+    s.add_argument("--depth", type=_whole(0, "a depth"), default=None, help="with --tree: modules at most N levels deep")
     s.add_argument("--json", action="store_true")
     s.set_defaults(run=cmd_show)
 
     s = sub.add_parser("estimate", parents=[common],
                        help="memory for a batch: weights, gradients, optimizer states, activations")
     s.add_argument("name")
-    s.add_argument("--batch", type=int, default=1)
+    s.add_argument("--batch", type=_whole(1, "a batch"), default=1)
     s.add_argument("--dtype", default="bf16", help="fp32, bf16, fp16 or fp64 (or float32, bfloat16, half, ...)")
     s.add_argument("--training", action="store_true", help="a training step (forward, backward, optimizer step)")
     s.add_argument("--optimizer", default="adamw", choices=["adamw", "adam", "sgd", "none"])
-    s.add_argument("--seq-len", type=int, default=None, help="sequence length, for models with token inputs")
+    s.add_argument("--seq-len", type=_whole(1, "a sequence length"), default=None, help="sequence length, for models with token inputs")
     s.add_argument("--json", action="store_true")
     s.set_defaults(run=cmd_estimate)
 
@@ -223,7 +240,8 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--name", help="registry name (builder, checkpoint, one hf source; default hf/ORG/NAME)")
     s.add_argument("--revision", help="hub branch, tag or commit of an hf repo id (default main)")
     s.add_argument("--kwargs", default="{}", help="JSON keyword arguments for a builder")
-    s.add_argument("--jobs", "-j", type=int, default=1, help="worker processes")
+    s.add_argument("--jobs", "-j", type=_whole(1, "a number of workers"), default=1,
+                   help="worker processes (at most the CPU count)")
     s.add_argument("--force", action="store_true", help="rebuild models even if unchanged")
     s.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
     s.add_argument("--json", action="store_true")

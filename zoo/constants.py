@@ -19,3 +19,12 @@ def registry_url() -> str:
 def trusted_modules() -> set[str]:
     """ZOO_TRUSTED_MODULES: comma-separated top-level packages whose user builders zoo may import."""
     return {m.strip() for m in os.environ.get("ZOO_TRUSTED_MODULES", "").split(",") if m.strip()}
+
+
+def lock_timeout_s() -> float:
+    """ZOO_LOCK_TIMEOUT: seconds a writer waits for another writer's lock on a SQLite registry (default 60)."""
+    value = os.environ.get("ZOO_LOCK_TIMEOUT", "").strip()
+    try:
+        return max(float(value), 0.0) if value else 60.0
+    except ValueError:
+        return 60.0

@@ -76,8 +76,13 @@ class NotBuildable(ZooError, TypeError):
     """The registry row describes tensors only (an indexed checkpoint): there is no module to build."""
 
 
-class SchemaOutdated(ZooError, RuntimeError):
-    """The registry database is at an older schema revision than this zoo."""
+class RegistryError(ZooError, RuntimeError):
+    """The registry cannot be opened or written (not a database, unreachable, read-only, locked, an unknown
+    kind of URL); the message names it, password masked, and says what to do."""
+
+
+class SchemaOutdated(RegistryError):
+    """The registry database is at another schema revision than this zoo (older: upgrade it; newer: upgrade zoo)."""
 
 
 class DownloadBlocked(ZooError, ConnectionError):
@@ -92,8 +97,12 @@ class RegistryDrift(ZooError, RuntimeError):
     """The installed library builds a model differently from what the registry recorded."""
 
 
-class RegistryNotFound(ZooError, FileNotFoundError):
-    """No registry database at the configured path."""
+class RegistryNotFound(RegistryError, FileNotFoundError):
+    """No registry database at the configured path (only `zoo index` and `zoo db upgrade` create one)."""
+
+
+class ModelExists(ZooError, FileExistsError):
+    """Indexing would replace a model of another family or builder under the same name (force=True replaces it)."""
 
 
 class WeightsMismatch(ZooError, ValueError):

@@ -9,7 +9,7 @@ from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from dataclasses import dataclass, field
 
 from zoo.columns import BY_NAME
-from zoo.errors import InvalidRecipe, ZooError, reason
+from zoo.errors import InvalidArgument, InvalidRecipe, ModelExists, ZooError, reason
 from zoo.families import family
 from zoo.recipe import Recipe
 from zoo.registry import db, store
@@ -45,9 +45,10 @@ def record_of(name: str, recipe: Recipe, trusted: set[str] | None = None) -> tup
         from zoo.build import build_meta
         from zoo.inspection import inspect_module
 
+        files_read = []
         with warnings.catch_warnings():  # builders' deprecation chatter would bury the progress bar
             warnings.simplefilter("ignore")
-            module = build_meta(recipe, trusted)
+            module = build_meta(recipe, trusted, files_read=files_read)
         summary = inspect_module(module)
         described = fam.describe(recipe.builder, module)
     except Exception as e:  # recorded, not raised: one broken model must not stop an index run
@@ -56,6 +57,7 @@ def record_of(name: str, recipe: Recipe, trusted: set[str] | None = None) -> tup
     cls = type(module)
     return {
         **base, "status": "ok", "error": None, "arch": f"{cls.__module__}.{cls.__qualname__}",
+        "constructor_files": sorted(set(files_read)),  # recorded as weights tags, not a column
         "task": described["task"],
         "input_size": BY_NAME["input_size"].encode(described["input_size"] or None),
         "dtype": summary.dtype, "params": summary.params, "trainable": summary.trainable,
@@ -74,10 +76,43 @@ def _analyze(module, spec) -> dict:
         return analyze(module, spec).columns()
 
 
-def save(url: str, record: dict, table) -> None:
-    """One model, one transaction: a crash leaves it either fully there or not at all."""
+CONSTRUCTOR_TAG = "constructor"
+
+
+def save(url: str, record: dict, table, replace: bool = False) -> None:
+    """One model, one transaction: a crash leaves it either fully there or not at all. Weights files
+    its constructor read itself are recorded as tags "constructor", "constructor-2", ... with their sha256."""
+    from zoo.weights.digest import digest
+
+    shipped = [(path, *digest(path)) for path in record.get("constructor_files", ())]
     with db.session(url, write=True) as s, s.begin():
-        store.write_model(s, record, table)
+        store.write_model(s, record, table, replace)
+        for i, (path, sha256, nbytes) in enumerate(shipped):
+            store.add_weights(s, record["name"], CONSTRUCTOR_TAG + (f"-{i + 1}" if i else ""), path, sha256, nbytes)
+
+
+def workers_for(jobs: int) -> int:
+    """Worker processes for -j: at least 1 is asked for, at most the CPU count is used."""
+    if not isinstance(jobs, int) or isinstance(jobs, bool) or jobs < 1:
+        raise InvalidArgument(f"jobs is a whole number of worker processes >= 1, not {jobs!r}")
+    return min(jobs, os.cpu_count() or 1)
+
+
+def _worker_start(parent: int) -> None:
+    """In each forked worker: die with the parent (a kill -9 of the indexer must not leave 0.5 GB
+    workers behind) and drop the parent's pooled database connections without closing them (they
+    are the parent's: closing would end its sessions; SQLAlchemy's advice for forks)."""
+    import ctypes
+    import signal
+
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG (Linux)
+    except (OSError, AttributeError):
+        pass  # not Linux: workers then end when their work queue closes
+    if os.getppid() != parent:  # the parent died before the line above took effect
+        os._exit(1)
+    for eng in db.cached_engines():
+        eng.dispose(close=False)
 
 
 def _build_in_worker(name: str, recipe: Recipe):
@@ -91,9 +126,10 @@ def index_family(url: str, family_name: str, patterns=(), jobs: int = 1, force: 
     `progress(name, done, total)` is called after each model. Ctrl-C stops after the models
     already committed; a re-run continues where this one stopped.
     """
+    jobs = workers_for(jobs)
     fam = family(family_name)
     versions = fam.versions()
-    db.open_registry(url, write=True)  # create or check the schema before any work
+    db.open_registry(url, write=True, create=True)  # create or check the schema before any work
     wanted = {f"{family_name}/{b}": Recipe(family_name, b) for b in fam.available(patterns)}
     outcome = Outcome()
     with db.session(url) as s:
@@ -105,7 +141,10 @@ def index_family(url: str, family_name: str, patterns=(), jobs: int = 1, force: 
 
     def finish(record, table):
         nonlocal done
-        save(url, record, table)
+        try:
+            save(url, record, table, replace=force)
+        except ModelExists as e:  # a user row under this family's name: left alone, reported
+            record = {**record, "status": "error", "error": str(e)}
         done += 1
         if record["status"] == "ok":
             outcome.indexed.append(record["name"])
@@ -119,7 +158,8 @@ def index_family(url: str, family_name: str, patterns=(), jobs: int = 1, force: 
             finish(*record_of(name, recipe))
         return outcome
     # fork: workers inherit the imported libraries instead of importing them again (seconds each)
-    with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("fork")) as pool:
+    with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("fork"), initializer=_worker_start,
+                             initargs=(os.getpid(),)) as pool:
         pending = {pool.submit(_build_in_worker, n, r) for n, r in wanted.items()}
         try:
             while pending:
@@ -133,19 +173,23 @@ def index_family(url: str, family_name: str, patterns=(), jobs: int = 1, force: 
     return outcome
 
 
-def index_one(url: str, name: str, recipe: Recipe, trusted: set[str] | None = None) -> dict:
-    """Index a single model (a user builder); returns its row."""
-    db.open_registry(url, write=True)
+def index_one(url: str, name: str, recipe: Recipe, trusted: set[str] | None = None, force: bool = False) -> dict:
+    """Index a single model (a user builder); returns its row. force replaces a row of another builder.
+    A builder zoo refuses (untrusted, the standard library) is an error, and nothing is written."""
+    from zoo.build import vetted
+
+    vetted(recipe, trusted)
+    db.open_registry(url, write=True, create=True)
     record, table = record_of(name, recipe, trusted)
-    save(url, record, table)
+    save(url, record, table, replace=force)
     return record
 
 
-def index_checkpoint(url: str, path: str, name: str) -> dict:
+def index_checkpoint(url: str, path: str, name: str, force: bool = False) -> dict:
     """Record a weights file's tensors, from its header or a meta-loaded pickle; no data is read."""
     from zoo.families.checkpoint import read_tensors
 
-    db.open_registry(url, write=True)
+    db.open_registry(url, write=True, create=True)
     table = read_tensors(path)
     recipe = Recipe("checkpoint", os.path.abspath(path))
     stat = os.stat(path)
@@ -159,7 +203,7 @@ def index_checkpoint(url: str, path: str, name: str) -> dict:
         tensors=len(unique), param_bytes=sum(t.bytes for t in unique), buffer_bytes=0,
         bytes=sum(t.bytes for t in unique),
     )
-    save(url, record, table)
+    save(url, record, table, replace=force)
     return record
 
 
@@ -172,7 +216,7 @@ def index_configs(url: str, sources: list[str], name: str | None = None, revisio
 
     if name is not None and len(sources) != 1:
         raise InvalidRecipe("--name names one model: give one source with it")
-    db.open_registry(url, write=True)
+    db.open_registry(url, write=True, create=True)
     versions = hf.versions()
     outcome = Outcome()
     for done, source in enumerate(sources, 1):
@@ -191,7 +235,10 @@ def index_configs(url: str, sources: list[str], name: str | None = None, revisio
                 outcome.unchanged.append(model)
             else:
                 record, table = record_of(model, recipe)
-                save(url, record, table)
+                try:
+                    save(url, record, table, replace=force)
+                except ModelExists as e:
+                    record = {**record, "status": "error", "error": str(e)}
                 if record["status"] == "ok":
                     outcome.indexed.append(model)
                 else:

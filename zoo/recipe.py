@@ -34,9 +34,10 @@ def check_kwargs(kwargs) -> None:
     for key in kwargs:
         if not isinstance(key, str) or not key.isidentifier():
             raise InvalidRecipe(f"kwarg name {key!r} is not an identifier")
-    blocked = sorted(WEIGHT_KWARGS & kwargs.keys())
+    blocked = sorted(k for k in WEIGHT_KWARGS & kwargs.keys() if kwargs[k])  # pretrained=False asks for nothing
     if blocked:
-        raise InvalidRecipe(f"{', '.join(blocked)}: builds never load weights; use materialize(weights=...)")
+        raise InvalidRecipe(f"{', '.join(f'{k}={kwargs[k]!r}' for k in blocked)}: builds never load weights; "
+                            f"use materialize(weights=...)")
     try:
         json.dumps(kwargs, allow_nan=False)
     except (TypeError, ValueError) as e:

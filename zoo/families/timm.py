@@ -22,7 +22,7 @@ def check(builder: str, kwargs: dict) -> None:
 def build(builder: str, kwargs: dict):
     import timm
 
-    return timm.create_model(builder, pretrained=False, **kwargs)
+    return timm.create_model(builder, **{**kwargs, "pretrained": False})
 
 
 def describe(builder: str, module) -> dict:

@@ -38,7 +38,7 @@ def build(builder: str, kwargs: dict):
     # Detection and segmentation builders download backbone weights unless told not to.
     if "weights_backbone" in inspect.signature(fn).parameters:
         off["weights_backbone"] = None
-    return fn(**off, **kwargs)
+    return fn(**{**kwargs, **off})  # a falsy weights argument in kwargs says the same
 
 
 def task_of(builder: str) -> str:

@@ -1,6 +1,8 @@
 """User family: a model built by the user's own `module:function`, imported only from trusted packages."""
 
 import importlib
+import os
+import sys
 
 from zoo.constants import trusted_modules
 from zoo.errors import InvalidRecipe, UntrustedBuilder
@@ -22,6 +24,11 @@ def split(builder: str) -> tuple[str, str]:
 
 def check(builder: str, kwargs: dict, trusted: set[str] | None = None) -> None:
     module, _ = split(builder)
+    top = module.split(".")[0]
+    if top in sys.stdlib_module_names or top in sys.builtin_module_names:
+        raise UntrustedBuilder(f"builder {builder!r} is from Python's standard library, which builds no models "
+                               f"(and os:system or builtins:exec would run anything): name a function of your "
+                               f"own package, e.g. mypkg.models:build_net")
     allowed = trusted_modules() if trusted is None else trusted
     if module.split(".")[0] not in allowed:
         raise UntrustedBuilder(
@@ -32,7 +39,21 @@ def check(builder: str, kwargs: dict, trusted: set[str] | None = None) -> None:
 
 def build(builder: str, kwargs: dict):
     module, function = split(builder)
-    return getattr(importlib.import_module(module), function)(**kwargs)
+    return getattr(_import(module), function)(**kwargs)
+
+
+def _import(module: str):
+    """Import the builder's module with the current directory on the path, as `python -m` has it: a
+    package in the directory zoo runs from needs no PYTHONPATH (it must still be trusted, above)."""
+    cwd = os.getcwd()
+    added = cwd not in sys.path
+    if added:
+        sys.path.insert(0, cwd)
+    try:
+        return importlib.import_module(module)
+    finally:
+        if added:
+            sys.path.remove(cwd)
 
 
 def describe(builder: str, module) -> dict:

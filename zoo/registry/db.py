@@ -1,12 +1,15 @@
-"""Engines for the registry: SQLite tuned for concurrent indexers, schema revision checks, alembic upgrades."""
+"""Engines for the registry: SQLite tuned for concurrent indexers, schema revision checks, alembic upgrades,
+and the driver's errors turned into RegistryError that names the registry (password masked)."""
 
-from functools import lru_cache
+import contextlib
+import time
 from pathlib import Path
 
-from sqlalchemy import Engine, create_engine, event, inspect, text
+from sqlalchemy import Engine, create_engine, event, exc, inspect, text
 from sqlalchemy.orm import Session
 
-from zoo.errors import RegistryNotFound, SchemaOutdated
+from zoo.constants import lock_timeout_s
+from zoo.errors import RegistryError, RegistryNotFound, SchemaOutdated, ZooError
 
 # The alembic head this code reads and writes; a test checks it equals migrations' head.
 SCHEMA_REVISION = "0003"
@@ -14,7 +17,6 @@ _PACKAGE = Path(__file__).resolve().parent.parent
 # migrations/ at the repository root in a checkout; the wheel ships it inside the package (pyproject.toml)
 MIGRATIONS = next((d for d in (_PACKAGE / "migrations", _PACKAGE.parent / "migrations") if (d / "env.py").is_file()),
                   _PACKAGE / "migrations")
-BUSY_TIMEOUT_MS = 60_000
 
 
 def _sqlite_path(url: str) -> Path | None:
@@ -23,65 +25,163 @@ def _sqlite_path(url: str) -> Path | None:
     return None
 
 
-@lru_cache(maxsize=16)
+def masked(url: str) -> str:
+    """The URL as every message and repr shows it: the password, if any, as ***."""
+    from sqlalchemy.engine import make_url
+
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except exc.ArgumentError:
+        return url
+
+
+def exists(url: str) -> bool:
+    """Whether the registry is there already (a server database is taken to be)."""
+    path = _sqlite_path(url)
+    return path is None or path.exists()
+
+
+# Driver messages -> what they mean for a registry and what to do.
+_MEANINGS = (
+    ("file is not a database", "is not a SQLite database: point --registry (or ZOO_REGISTRY) at a registry file, "
+                               "or create one with `zoo db upgrade`"),
+    ("unable to open database file", "cannot be opened (a directory, or a folder that does not exist?): give the "
+                                     "path of a registry file"),
+    ("readonly database", "is read-only: writing needs write permission on the file and its folder (SQLite keeps "
+                          "a journal beside it); or copy it somewhere writable"),
+    ("database is locked", "is locked by another writer for longer than ZOO_LOCK_TIMEOUT ({timeout:g} s): try "
+                           "again when it has finished, or wait longer with a larger ZOO_LOCK_TIMEOUT"),
+)
+
+
+@contextlib.contextmanager
+def translated(url: str):
+    """Errors from SQLAlchemy or the database driver, raised as RegistryError naming the registry and the next step."""
+    try:
+        yield
+    except ZooError:
+        raise
+    except ImportError as e:  # create_engine of a server URL whose driver is not installed
+        raise RegistryError(f"{masked(url)}: its database driver is not installed ({e}); for PostgreSQL: "
+                            f"pip install 'zoo[postgres]'") from None
+    except (exc.NoSuchModuleError, exc.ArgumentError) as e:
+        raise RegistryError(f"{masked(url)}: not a registry URL zoo can open ({e}); give a file path, "
+                            f"sqlite:///PATH or a server URL such as postgresql+psycopg://USER@HOST/DB") from None
+    except exc.DBAPIError as e:
+        detail = str(e.orig).splitlines()[0] if e.orig is not None else str(e).splitlines()[0]
+        meaning = next((m.format(timeout=lock_timeout_s()) for key, m in _MEANINGS if key in detail), None)
+        if meaning is None and _sqlite_path(url) is None and isinstance(e, exc.OperationalError):
+            meaning = "cannot be reached: check that the server is running and the URL (host, port, user, database)"
+        raise RegistryError(f"the registry at {masked(url)} {meaning or 'refused the operation'} ({detail})") from None
+
+
+def _wal(dbapi_connection) -> None:
+    """Switch a SQLite registry to WAL (readers never block the writer, nor it them). The switch needs the
+    file to itself and SQLite does not wait for that with its busy timeout, so wait here as long."""
+    cur = dbapi_connection.cursor()
+    try:
+        if cur.execute("PRAGMA journal_mode").fetchone()[0].lower() == "wal":
+            return
+        deadline = time.monotonic() + lock_timeout_s()
+        while True:
+            try:
+                cur.execute("PRAGMA journal_mode=WAL")
+                return
+            except Exception as e:  # the driver's OperationalError: locked by another connection
+                if "locked" not in str(e) or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.05)
+    finally:
+        cur.close()
+
+
+_engines: dict[tuple[str, bool], Engine] = {}
+
+
 def engine(url: str, write: bool = False) -> Engine:
-    """One engine per (url, role). Writers take SQLite's write lock when a transaction begins
-    (BEGIN IMMEDIATE), so two indexers queue on the busy timeout instead of failing on upgrade."""
-    eng = create_engine(url)
+    """One engine per (url, role), kept for the process. Writers take SQLite's write lock when a transaction
+    begins (BEGIN IMMEDIATE), so two indexers queue on the busy timeout instead of failing on upgrade."""
+    if (url, write) in _engines:
+        return _engines[(url, write)]
+    with translated(url):
+        eng = create_engine(url)
     if eng.dialect.name == "sqlite":
         @event.listens_for(eng, "connect")
         def _connect(dbapi_connection, _record):
             dbapi_connection.isolation_level = None  # we emit BEGIN ourselves, below
             cur = dbapi_connection.cursor()
-            cur.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
+            cur.execute(f"PRAGMA busy_timeout={int(lock_timeout_s() * 1000)}")
             cur.execute("PRAGMA foreign_keys=ON")
-            if write:
-                cur.execute("PRAGMA journal_mode=WAL")  # readers never block the writer, nor it them
             cur.close()
+            if write:
+                _wal(dbapi_connection)
 
         @event.listens_for(eng, "begin")
         def _begin(conn):
             conn.exec_driver_sql("BEGIN IMMEDIATE" if write else "BEGIN")
+    _engines[(url, write)] = eng
     return eng
 
 
+def cached_engines() -> list[Engine]:
+    """The engines this process holds (a forked worker drops them: see zoo.indexer)."""
+    return list(_engines.values())
+
+
 def current_revision(eng: Engine) -> str | None:
-    with eng.connect() as conn:
+    with translated(str(eng.url)), eng.connect() as conn:
         if not inspect(conn).has_table("alembic_version"):
             return None
         return conn.execute(text("SELECT version_num FROM alembic_version")).scalar()
 
 
+def known_revisions() -> list[str]:
+    """Every schema revision this zoo's migrations know, oldest first."""
+    from alembic.script import ScriptDirectory
+
+    return [r.revision for r in reversed(list(ScriptDirectory.from_config(alembic_config("sqlite://")).walk_revisions()))]
+
+
 _checked: set[tuple[str, bool]] = set()
 
 
-def open_registry(url: str, write: bool = False) -> Engine:
-    """An engine on a registry at this code's schema revision. A writer upgrades a brand-new
-    database; anything else at another revision is refused with what to run."""
+def open_registry(url: str, write: bool = False, create: bool = False) -> Engine:
+    """An engine on a registry at this code's schema revision. create=True (indexing, `zoo db upgrade`)
+    makes a brand-new database; anything else at another revision is refused with what to run. The
+    check reads only, so a refused write leaves the file as it was."""
     if (url, write) in _checked:  # checked once per process: get() is called in loops
         return engine(url, write)
-    eng = _open_checked(url, write)
+    path = _sqlite_path(url)
+    if not create and path is not None and not path.exists():
+        raise RegistryNotFound(f"no registry at {path}: `zoo index` or `zoo db upgrade` create one; or point "
+                               f"--registry (or ZOO_REGISTRY) at an existing registry")
+    with translated(url):
+        reader = engine(url, write=False)
+        revision = current_revision(reader)
+        if revision is None and create and not inspect(reader).get_table_names():
+            upgrade(url)
+        elif revision != SCHEMA_REVISION:
+            _refuse(url, revision)
+        eng = engine(url, write)
+        if write:
+            with eng.connect():  # the writer's own set-up (WAL) happens now, inside the translation
+                pass
     _checked.add((url, write))
     return eng
 
 
-def _open_checked(url: str, write: bool) -> Engine:
-    path = _sqlite_path(url)
-    if not write and path is not None and not path.exists():
-        raise RegistryNotFound(f"no registry at {path}; index models into it with `zoo index`, or set ZOO_REGISTRY")
-    eng = engine(url, write)
-    revision = current_revision(eng)
-    if revision == SCHEMA_REVISION:
-        return eng
-    if revision is None and write and not inspect(eng).get_table_names():
-        upgrade(url)
-        return eng
-    where = path or url
+def _refuse(url: str, revision: str | None) -> None:
+    where = _sqlite_path(url) or masked(url)
     if revision is None:
-        raise SchemaOutdated(f"{where} is not a zoo registry (no schema revision); create one with `zoo index` or `zoo db upgrade`")
+        raise SchemaOutdated(f"{where} is not a zoo registry (no schema revision); create one with `zoo index` or "
+                             f"`zoo db upgrade`")
+    known = known_revisions()
+    if revision not in known:
+        raise SchemaOutdated(f"the registry at {where} was made by a newer zoo (schema revision {revision}; this zoo "
+                             f"knows up to {known[-1]}): upgrade zoo to read it")
     raise SchemaOutdated(
         f"the registry at {where} is at schema revision {revision}; this zoo needs {SCHEMA_REVISION}: "
-        f"run `zoo db upgrade` (with ZOO_REGISTRY={url if path is None else path})"
+        f"run `zoo db upgrade --registry {where}`"
     )
 
 
@@ -95,19 +195,27 @@ def alembic_config(url: str):
 
 
 def upgrade(url: str, revision: str = "head") -> None:
-    """Bring the schema to `revision` through the alembic migrations, the only way it changes."""
+    """Bring the schema to `revision` through the alembic migrations, the only way it changes
+    (a new SQLite file is created); a registry from a newer zoo is refused, not touched."""
     from alembic import command
 
-    cfg = alembic_config(url)
-    with engine(url, write=True).connect() as conn:
-        cfg.attributes["connection"] = conn
-        command.upgrade(cfg, revision)
-        conn.commit()
+    with translated(url):
+        current = current_revision(engine(url))
+        if current is not None and current not in known_revisions():
+            _refuse(url, current)
+        cfg = alembic_config(url)
+        with engine(url, write=True).connect() as conn:
+            cfg.attributes["connection"] = conn
+            command.upgrade(cfg, revision)
+            conn.commit()
     _checked.clear()
 
 
-def session(url: str, write: bool = False) -> Session:
-    return Session(open_registry(url, write), expire_on_commit=False)
+@contextlib.contextmanager
+def session(url: str, write: bool = False, create: bool = False):
+    """A Session on the registry (see open_registry); driver errors inside come out as RegistryError."""
+    with translated(url), Session(open_registry(url, write, create), expire_on_commit=False) as s:
+        yield s
 
 
 def compact(url: str) -> None:
@@ -117,13 +225,19 @@ def compact(url: str) -> None:
     path = _sqlite_path(url)
     if path is None:
         return
+    open_registry(url)  # a registry at this schema, or a clear error, before anything is written
     for eng in (engine(url, True), engine(url, False)):
         eng.dispose()
     _checked.clear()
     con = sqlite3.connect(path, isolation_level=None)
     try:
+        con.execute(f"PRAGMA busy_timeout={int(lock_timeout_s() * 1000)}")
         con.execute("PRAGMA wal_checkpoint(TRUNCATE)")
         con.execute("PRAGMA journal_mode=DELETE")
         con.execute("VACUUM")
+    except sqlite3.Error as e:
+        meaning = next((m.format(timeout=lock_timeout_s()) for key, m in _MEANINGS if key in str(e)),
+                       "could not be compacted")
+        raise RegistryError(f"the registry at {path} {meaning} ({e})") from None
     finally:
         con.close()

@@ -6,7 +6,8 @@ from datetime import datetime, timezone
 from sqlalchemy import delete, select
 from sqlalchemy.orm import Session
 
-from zoo.errors import AmbiguousName, ModelNotFound
+from zoo.columns import COLUMNS
+from zoo.errors import AmbiguousName, ModelExists, ModelNotFound
 from zoo.model_info import ModelInfo, encode_tensors
 from zoo.registry.sql import compile_search, sort_clause
 from zoo.registry.tables import Model, ModelTensors, Weights
@@ -68,12 +69,28 @@ def ok_hash_of(session: Session, name: str) -> str | None:
     return session.scalar(select(Model.source_hash).where(Model.name == name, Model.status == "ok"))
 
 
-def write_model(session: Session, record: dict, tensor_table) -> None:
-    """Insert or replace one model and its tensors in the current transaction."""
-    session.execute(delete(Model).where(Model.name == record["name"]))
-    row = Model(**record, short=short_name(record["name"]), indexed_at=datetime.now(timezone.utc).replace(tzinfo=None))
-    session.add(row)
-    session.flush()
+def write_model(session: Session, record: dict, tensor_table, replace: bool = False) -> None:
+    """Insert one model, or update its row in place (its recorded weights stay), with its tensors, in the
+    current transaction. A row of another family or builder is replaced only with replace=True."""
+    row = session.scalar(select(Model).where(Model.name == record["name"]))
+    if row is not None and (row.family, row.builder) != (record["family"], record["builder"]) and not replace:
+        tags = session.scalars(select(Weights.tag).where(Weights.model_id == row.id)).all()
+        raise ModelExists(f"{row.name} is already a {row.family} model (builder {row.builder}); indexing "
+                          f"{record['family']} builder {record['builder']} would replace it"
+                          + (f" and drop its weights tags {', '.join(tags)}" if tags else "")
+                          + ": choose another --name, or pass --force to replace it")
+    if row is not None and row.family != record["family"]:
+        session.execute(delete(Weights).where(Weights.model_id == row.id))  # another model's files
+    values = {c.name: record.get(c.name, c.default) for c in COLUMNS}  # a failed build clears the old figures
+    values.update(short=short_name(record["name"]), indexed_at=datetime.now(timezone.utc).replace(tzinfo=None))
+    if row is None:
+        row = Model(**values)
+        session.add(row)
+        session.flush()
+    else:
+        for key, value in values.items():
+            setattr(row, key, value)
+        session.execute(delete(ModelTensors).where(ModelTensors.model_id == row.id))
     if tensor_table is not None:
         session.add(ModelTensors(model_id=row.id, data=encode_tensors(tensor_table)))
 
@@ -84,7 +101,7 @@ def remove(session: Session, name: str) -> str:
     return row.name
 
 
-def search(session: Session, expression, order_by: str | None = None, limit: int | None = 100) -> list[ModelInfo]:
+def search(session: Session, expression, order_by: str | None = None, limit: int | None = None) -> list[ModelInfo]:
     query = select(Model)
     if expression is not None and not (isinstance(expression, str) and not expression.strip()):
         query = query.where(compile_search(expression))
