@@ -101,7 +101,17 @@ def test_search_sort_plot_hover_and_click_through(browser, site, small_registry)
     zoo = Zoo(small_registry)
     browser.get(site + "/")
     ready(browser)
-    assert table_names(browser) == [i.name for i in zoo.search(None, limit=None)]
+    everything = zoo.search(None, limit=None)
+    assert table_names(browser) == [i.name for i in everything]
+    # the plot: one mark per row that has both values, and the Pareto front of them
+    plotted = [i for i in everything if i.flops and i.params]
+    assert sorted(m.get_attribute("data-name") for m in marks(browser)) == sorted(i.name for i in plotted)
+    assert 0 < len(plotted) < len(everything)  # a row without FLOPs (detection) is counted, not drawn
+    assert browser.find_element("id", "plot-note").text.startswith(f"{len(everything) - len(plotted)} not plotted")
+    points = [{"name": i.name, "flops": i.flops, "params": i.params} for i in plotted]
+    assert_pareto_front(browser, points, "flops", "params")
+    assert len(browser.find_elements("css selector", "#front li")) < len(plotted)
+
     search_box(browser, "params<2e7 and flops>1G")
     assert "q=params%3C2e7" in browser.current_url
     expected = zoo.search("params<2e7 and flops>1G", limit=None)
@@ -119,7 +129,6 @@ def test_search_sort_plot_hover_and_click_through(browser, site, small_registry)
     # one mark per row (every row here has FLOPs and params), each named after its row
     assert sorted(m.get_attribute("data-name") for m in marks(browser)) == sorted(i.name for i in expected)
     points = [{"name": i.name, "flops": i.flops, "params": i.params} for i in expected]
-    assert_pareto_front(browser, points, "flops", "params")
 
     from selenium.webdriver.common.action_chains import ActionChains
     from selenium.webdriver.support.ui import Select
@@ -134,6 +143,7 @@ def test_search_sort_plot_hover_and_click_through(browser, site, small_registry)
     Select(browser.find_element("id", "plot-x")).select_by_value("params")  # x = params, y = GFLOPs
     assert "x=params" in browser.current_url and len(marks(browser)) == len(expected)
     assert_pareto_front(browser, points, "params", "flops")
+    assert browser.find_element("css selector", "#scatter .axis-label").text == "parameters"
 
     name = marks(browser)[-1].get_attribute("data-name")
     navigate(browser, lambda: ActionChains(browser).click(marks(browser)[-1]).perform())
@@ -250,3 +260,34 @@ def test_the_static_catalog_searches_in_the_page(browser, small_registry, tmp_pa
         assert browser.find_element("id", "title").text == name
         assert len(browser.find_elements("css selector", "#tensors tbody tr")) == min(100, len(zoo.info(name, tensors=True).tensor_table))
         shot(browser, "07-static-model.png")
+
+
+def test_with_published_accuracy_the_plot_is_top1_against_cost(browser, small_registry, tmp_path):
+    # The registry records no accuracy yet (pretrained variants are another issue); the pages show a
+    # top1 field as soon as the data has one. Made-up values, set in the exported index, show that.
+    zoo = Zoo(small_registry)
+    export_catalog(tmp_path / "site", small_registry)
+    index_file = tmp_path / "site" / "data" / "index.json"
+    index = json.loads(index_file.read_text())
+    made_up = {"timm/resnet18": 69.7, "timm/vit_tiny_patch16_224": 75.5, "timm/efficientnet_b0": 77.7,
+               "torchvision/mobilenet_v3_small": 67.7, "timm/swin_tiny_patch4_window7_224": 81.4,
+               "torchvision/resnet18": 69.8}
+    index["columns"].append("top1")
+    index["fields"]["top1"] = "number"  # searchable, as recorded fields are
+    for row in index["models"]:
+        row["top1"] = made_up.get(row["name"])
+    index_file.write_text(json.dumps(index))
+    with serving_files(tmp_path / "site") as base:
+        browser.get(base + "/index.html?sort=-top1")
+        ready(browser)
+        assert table_names(browser)[:len(made_up)] == sorted(made_up, key=made_up.get, reverse=True)
+        assert browser.find_element("css selector", "#table th[data-col='top1']").text.startswith("top-1")
+        labels = [t.text for t in browser.find_elements("css selector", "#scatter .axis-label")]
+        assert labels == ["GFLOPs (batch 1)", "top-1 (%)"]
+        assert sorted(m.get_attribute("data-name") for m in marks(browser)) == sorted(made_up)
+        points = [{"name": i.name, "flops": i.flops, "top1": made_up[i.name]} for i in zoo.search(None, limit=None)
+                  if i.name in made_up]
+        assert_pareto_front(browser, points, "flops", "top1")
+        front = [li.get_attribute("data-name") for li in browser.find_elements("css selector", "#front li")]
+        assert front == ["torchvision/mobilenet_v3_small", "timm/efficientnet_b0", "timm/swin_tiny_patch4_window7_224"]
+        shot(browser, "08-static-top1-plot.png")

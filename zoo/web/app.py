@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from html import escape
 from collections import OrderedDict
 from pathlib import Path
@@ -59,16 +60,22 @@ class Catalog:
         self.trees: OrderedDict = OrderedDict()
 
     def answer(self, run, html: tuple[str, str] | None = None) -> Response:
-        """JSON of run(), or an HTML page embedding it; a zoo error becomes its typed status and body."""
+        """JSON of run(), or an HTML page embedding it; a zoo error becomes its typed status and body.
+        Server-Timing says how long the answer took here (bench/web_search.py reads it)."""
+        start = time.perf_counter()
         try:
             status, body = 200, run()
         except ZooError as e:
             status, body = views.error(e)
             body = {"failure": body} if html else body
         if html is None:
-            return JSONResponse(body, status_code=status, headers=HEADERS)
-        name, title = html
-        return HTMLResponse(page(name, title, "/", {"mode": "server", **body}), status_code=status, headers=HEADERS)
+            response = JSONResponse(body, status_code=status, headers=HEADERS)
+        else:
+            name, title = html
+            response = HTMLResponse(page(name, title, "/", {"mode": "server", **body}), status_code=status,
+                                    headers=HEADERS)
+        response.headers["Server-Timing"] = f"app;dur={(time.perf_counter() - start) * 1000:.1f}"
+        return response
 
     # --- pages ---
 

@@ -68,8 +68,9 @@ function renderPlot(result) {
   $("plot-x").value = x;
   const drawn = drawPlot($("plot"), result.points, x, { tooltip: $("tooltip"), legend: $("legend"),
     onOpen: (name) => { location.href = modelHref(mode, name); } });
-  $("plot-note").textContent = drawn.skipped ? `${drawn.skipped} without ${x === "flops" ? "FLOPs" : "a value"} not plotted` : "";
-  $("front-note").textContent = drawn.front.length ? `(highest ${drawn.y === "top1" ? "top-1" : drawn.y} for its ${x === "flops" ? "GFLOPs" : "params"})` : "";
+  const names = { flops: "GFLOPs", params: "params", top1: "top-1" };
+  $("plot-note").textContent = drawn.skipped ? `${drawn.skipped} not plotted (no ${names[x]} or ${names[drawn.y]} recorded)` : "";
+  $("front-note").textContent = drawn.front.length ? `(highest ${names[drawn.y]} for its ${names[x]})` : "";
   $("front").replaceChildren(...drawn.front.map((p) => el("li", { "data-name": p.name },
     el("a", { href: modelHref(mode, p.name) }, p.name), ` ${describe(x, p[x])}, ${describe(drawn.y, p[drawn.y])}`)));
 }
