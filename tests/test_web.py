@@ -22,7 +22,7 @@ from tests.web_support import serving_app
 from zoo import render
 from zoo.api import Zoo
 from zoo.cli import parser
-from zoo.errors import ModelNotFound, SearchSyntaxError
+from zoo.errors import InvalidArgument, ModelNotFound, SearchSyntaxError
 from zoo.query import parse
 from zoo.web import views
 from zoo.web.app import create_app
@@ -76,6 +76,27 @@ def test_pages_of_a_search_add_up_to_the_whole_result(site, small_registry):
         assert status == 200 and body["pages"] == -(-len(whole) // 3)
         pages += [r["name"] for r in body["rows"]]
     assert pages == whole
+
+
+@pytest.mark.parametrize("q", QUERIES)
+def test_zoo_search_with_fields_gives_those_fields_of_the_same_models(small_registry, q):
+    zoo = Zoo(small_registry)
+    fields = ("name", "task", "flops", "kwargs", "input_size", "indexed_at")
+    for sort in SORTS:
+        assert zoo.search(q, order_by=sort, limit=5, fields=fields) == [
+            {f: getattr(i, f) for f in fields} for i in zoo.search(q, order_by=sort, limit=5)]
+    for private in ("short", "source_hash", "nope"):
+        with pytest.raises(InvalidArgument, match=private):
+            zoo.search(q, fields=("name", private))
+
+
+def test_a_search_past_the_cap_is_counted_and_plotted_up_to_it(small_registry, monkeypatch):
+    monkeypatch.setattr(views, "MAX_RESULTS", 3)
+    body = views.search(Zoo(small_registry), {"sort": "-params", "per_page": "2", "page": "2"})
+    first = [i.name for i in Zoo(small_registry).search(None, order_by="-params", limit=3)]
+    assert body["more"] is True and body["total"] == 3 and body["pages"] == 2
+    assert [p["name"] for p in body["points"]] == first and [r["name"] for r in body["rows"]] == first[2:]
+    assert sum(n for _, n in body["facets"]["family"]) == 3
 
 
 @pytest.mark.parametrize("params", [{"per_page": views.MAX_PER_PAGE + 1}, {"per_page": 0}, {"page": 0},

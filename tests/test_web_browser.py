@@ -133,7 +133,7 @@ def test_search_sort_plot_hover_and_click_through(browser, site, small_registry)
     from selenium.webdriver.common.action_chains import ActionChains
     from selenium.webdriver.support.ui import Select
 
-    target = marks(browser)[0]
+    target = marks(browser)[-1]  # drawn last, so on top of any mark at the same spot
     ActionChains(browser).move_to_element(target).perform()
     tooltip = browser.find_element("id", "tooltip")
     wait(browser, lambda d: tooltip.is_displayed(), "no tooltip on hover")

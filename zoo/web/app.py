@@ -135,7 +135,7 @@ def create_app(url: str | None = None) -> Starlette:
         Route("/api/estimate/{name:path}", c.api_estimate),
         Mount("/static", StaticFiles(directory=STATIC), name="static"),
     ]
-    app = Starlette(routes=routes, middleware=[Middleware(GZipMiddleware, minimum_size=2048)],
+    app = Starlette(routes=routes, middleware=[Middleware(GZipMiddleware, minimum_size=2048, compresslevel=5)],
                     exception_handlers={404: c.not_found, 405: c.not_found})
     app.state.catalog = c
     return app

@@ -30,7 +30,7 @@ TABLE_COLUMNS = ("name", "family", "task", "params", "flops", "bytes")
 # Published accuracy and licenses are not recorded yet (pretrained variants are another issue): the
 # table and the plot show them as soon as ModelInfo has them, and leave them out until then.
 OPTIONAL_COLUMNS = ("top1", "license")
-PLOT_FIELDS = ("name", "family", "flops", "params", "top1")
+PLOT_FIELDS = ("name", "family", "flops", "params", "top1")  # top1 only while the table shows it
 
 
 def columns() -> list[str]:
@@ -43,10 +43,6 @@ def summary(info: ModelInfo) -> dict:
     row["short"] = info.name.split("/", 1)[-1]  # the grammar's bare name; ModelInfo keeps it private
     row.update({c: getattr(info, c, None) for c in columns()})
     return row
-
-
-def _point(info: ModelInfo) -> dict:
-    return {f: getattr(info, f, None) for f in PLOT_FIELDS}
 
 
 def whole_number(params, key: str, default: int | None, low: int, high: int) -> int | None:
@@ -80,17 +76,18 @@ def search(zoo: Zoo, params) -> dict:
         except SearchSyntaxError as e:
             e.param = "sort"
             raise
-    found = zoo.search(q or None, order_by=sort, limit=MAX_RESULTS + 1)
+    shown = columns()
+    plotted = [f for f in PLOT_FIELDS if f in shown]
+    # just the fields shown: reading whole rows (ModelInfo) for every match is most of a search's time
+    found = zoo.search(q or None, order_by=sort, limit=MAX_RESULTS + 1, fields=shown)
     more = len(found) > MAX_RESULTS
     found = found[:MAX_RESULTS]
     start = (page - 1) * per_page
     return {
         "q": q, "sort": sort, "page": page, "per_page": per_page, "total": len(found), "more": more,
-        "pages": max(1, math.ceil(len(found) / per_page)), "columns": columns(),
-        "rows": [{c: getattr(i, c, None) for c in columns()} for i in found[start:start + per_page]],
-        "facets": {f: Counter(getattr(i, f) for i in found if getattr(i, f)).most_common()
-                   for f in ("family", "task")},
-        "points": [_point(i) for i in found],
+        "pages": max(1, math.ceil(len(found) / per_page)), "columns": shown, "rows": found[start:start + per_page],
+        "facets": {f: Counter(r[f] for r in found if r[f]).most_common() for f in ("family", "task")},
+        "points": [{f: r[f] for f in plotted} for r in found],
     }
 
 
