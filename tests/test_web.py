@@ -248,6 +248,17 @@ def test_zoo_serve_binds_127_0_0_1_by_default_and_serves(small_registry):
     assert f"http://127.0.0.1:{port}/" in output
 
 
+def test_bound_to_this_machine_it_answers_only_its_own_names(small_registry):
+    from zoo.web.app import LOOPBACK_HOSTS
+
+    with serving_app(create_app(small_registry, hosts=LOOPBACK_HOSTS)) as base:
+        assert get(base, "/api/search")[0] == 200
+        request = urllib.request.Request(base + "/api/search", headers={"Host": "rebound.example"})
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(request, timeout=30)
+        assert refused.value.code == 400
+
+
 def test_zoo_serve_on_a_missing_registry_fails_at_once(tmp_path):
     proc = run_cli("serve", "--registry", str(tmp_path / "none.db"), "--port", "9", check=False, timeout=60)
     assert proc.returncode == 1 and "no registry at" in proc.stderr

@@ -19,6 +19,7 @@ from string import Template
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.middleware.gzip import GZipMiddleware
+from starlette.middleware.trustedhost import TrustedHostMiddleware
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.routing import Mount, Route
@@ -122,8 +123,12 @@ class Catalog:
                             status_code=status, headers=HEADERS)
 
 
-def create_app(url: str | None = None) -> Starlette:
-    """The ASGI app over the registry at `url` (None: $ZOO_REGISTRY or the shipped registry.db)."""
+LOOPBACK_HOSTS = ["127.0.0.1", "localhost", "[::1]"]
+
+
+def create_app(url: str | None = None, hosts: list[str] | None = None) -> Starlette:
+    """The ASGI app over the registry at `url` (None: $ZOO_REGISTRY or the shipped registry.db);
+    `hosts`: the Host headers it answers (None: any)."""
     c = Catalog(url)
     # plain (sync) endpoints run in Starlette's thread pool: a search or a scan does not stall the others
     routes = [
@@ -135,8 +140,10 @@ def create_app(url: str | None = None) -> Starlette:
         Route("/api/estimate/{name:path}", c.api_estimate),
         Mount("/static", StaticFiles(directory=STATIC), name="static"),
     ]
-    app = Starlette(routes=routes, middleware=[Middleware(GZipMiddleware, minimum_size=2048, compresslevel=5)],
-                    exception_handlers={404: c.not_found, 405: c.not_found})
+    middleware = [Middleware(GZipMiddleware, minimum_size=2048, compresslevel=5)]
+    if hosts is not None:
+        middleware.insert(0, Middleware(TrustedHostMiddleware, allowed_hosts=hosts))
+    app = Starlette(routes=routes, middleware=middleware, exception_handlers={404: c.not_found, 405: c.not_found})
     app.state.catalog = c
     return app
 
@@ -145,7 +152,10 @@ def serve(url: str | None = None, host: str = "127.0.0.1", port: int = 8000) -> 
     """Run the catalog until interrupted; the registry is opened first, so a wrong one fails at once."""
     import uvicorn
 
-    app = create_app(url)
+    # Bound to this machine, answer only its own names: a web page elsewhere that rebinds its domain
+    # to 127.0.0.1 (DNS rebinding) would otherwise read the registry through the visitor's browser.
+    loopback = host in ("127.0.0.1", "localhost", "::1")
+    app = create_app(url, hosts=LOOPBACK_HOSTS if loopback else None)
     app.state.catalog.zoo.search(None, limit=1)
     print(f"zoo catalog of {app.state.catalog.zoo.url} at http://{host}:{port}/ (read-only; Ctrl-C stops)", flush=True)
     uvicorn.run(app, host=host, port=port, log_level="warning")
