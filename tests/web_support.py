@@ -4,7 +4,6 @@ and headless Chromium from the Debian package driven by Selenium through the Deb
 import contextlib
 import functools
 import os
-import shutil
 import socket
 import threading
 import time
@@ -87,5 +86,3 @@ def chromium(profile_dir):
     return driver
 
 
-def which_missing() -> list[str]:
-    return [p for p in (CHROMIUM, CHROMEDRIVER) if not shutil.which(p)]
