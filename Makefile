@@ -7,10 +7,14 @@ STAMP := $(VENV)/.installed
 
 .PHONY: run test test-fast registry bench sweep
 
+# The browser tests (tests/test_web_browser.py) drive Debian's Chromium; CI runs as root and installs it.
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[test,hf,postgres]'
+	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[test,hf,postgres,web]'
+	test -x /usr/bin/chromium -a -x /usr/bin/chromedriver || { if [ "$$(id -u)" = 0 ]; then \
+		apt-get update -qq && apt-get install -y -qq chromium chromium-driver; \
+		else echo "not root: install chromium and chromium-driver for the browser tests"; fi; }
 	touch $(STAMP)
 
 run: $(STAMP)

@@ -3,7 +3,6 @@ exit 1 or 2 from the CLI and never a traceback, nothing written, nothing lost. W
 materialize have their own catalogue (tests/test_bad_input_weights.py)."""
 
 import os
-import shutil
 import signal
 import sqlite3
 import subprocess

@@ -24,7 +24,7 @@ LAYERS = [
     ["zoo.registry"],
     ["zoo.indexer"],
     ["zoo.api"],
-    ["zoo", "zoo.cli"],
+    ["zoo", "zoo.cli", "zoo.web"],  # readers at the top: the CLI and the web catalog, both through zoo.api
 ]
 MAX_LINES = 400
 

@@ -42,9 +42,10 @@ def check(name: str, weights, key_map=None) -> Fit:
     return Zoo().check(name, weights, key_map)
 
 
-def search(expression=None, order_by: str | None = None, limit: int | None = None) -> list[ModelInfo]:
+def search(expression=None, order_by: str | None = None, limit: int | None = None,
+           fields=None) -> list[ModelInfo] | list[dict]:
     """Every model matching e.g. "params<7e9 and family=timm" or F.params < 7e9 (see Zoo.search)."""
-    return Zoo().search(expression, order_by, limit)
+    return Zoo().search(expression, order_by, limit, fields)
 
 
 def scan(name_or_module, *inputs_or_shapes, registry: str | Zoo | None = None, **options) -> Scan:

@@ -47,15 +47,17 @@ class Zoo:
         with db.session(self.url) as s:
             return store.info(s, name, tensors)
 
-    def search(self, expression=None, order_by: str | None = None, limit: int | None = None) -> list[ModelInfo]:
+    def search(self, expression=None, order_by: str | None = None, limit: int | None = None,
+               fields: tuple[str, ...] | None = None) -> list[ModelInfo] | list[dict]:
         """Every model matching a search string or F-expression (or the first `limit`), by name or by
-        order_by: a field, "-field" for descending ("-params")."""
+        order_by: a field, "-field" for descending ("-params"). fields=("name", "params", ...): a dict of
+        just those fields per model instead of a ModelInfo (faster)."""
         if limit is not None and (not isinstance(limit, int) or isinstance(limit, bool) or not 0 <= limit < 2**63):
             raise InvalidArgument(f"limit is a whole number >= 0 (or None for every match), not {limit!r}")
         if order_by is not None and not isinstance(order_by, str):
             raise InvalidArgument(f"order_by names a field, e.g. 'params' or '-params', not {order_by!r}")
         with db.session(self.url) as s:
-            return store.search(s, expression, order_by, limit)
+            return store.search(s, expression, order_by, limit, None if fields is None else tuple(fields))
 
     # --- build --------------------------------------------------------------------------------
 

@@ -1,6 +1,7 @@
-"""The admin CLI `zoo`: index, search, show, rm, db."""
+"""The admin CLI `zoo`: index, search, show, estimate, rm, db; serve and catalog (the web catalog, zoo.web)."""
 
 import argparse
+import contextlib
 import json
 import os
 import sys
@@ -115,13 +116,13 @@ def cmd_rm(zoo, args) -> int:
     return 0
 
 
-def _progress_reporter(quiet: bool):
+def _progress_reporter(quiet: bool, doing: str = "indexing"):
     if quiet:
         return None, None
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
-    bar = Progress(TextColumn("indexing"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
+    bar = Progress(TextColumn(doing), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
                    TextColumn("{task.description}"), console=Console(stderr=True))
     task = bar.add_task("", total=None)
 
@@ -191,6 +192,24 @@ def cmd_db(zoo, args) -> int:
         print(f"{zoo}: compacted")
     else:
         print(zoo.revision() or "empty")
+    return 0
+
+
+def cmd_serve(zoo, args) -> int:
+    from zoo.web.app import serve
+
+    serve(zoo.url, host=args.host, port=args.port)
+    return 0
+
+
+def cmd_catalog(zoo, args) -> int:
+    from zoo.web.export import export_catalog
+
+    bar, report = _progress_reporter(args.quiet, "exporting")
+    with bar or contextlib.nullcontext():
+        done = export_catalog(args.out, zoo.url, trees=args.trees, progress=report)
+    print(f"wrote {done['models']} models to {done['out']}; serve it with any static server, e.g. "
+          f"python -m http.server -d {done['out']}")
     return 0
 
 
@@ -266,6 +285,17 @@ def parser() -> argparse.ArgumentParser:
     s = sub.add_parser("rm", parents=[common], help="remove a model from the registry")
     s.add_argument("name")
     s.set_defaults(run=cmd_rm)
+
+    s = sub.add_parser("serve", parents=[common], help="the read-only web catalog: search, plot, model pages, JSON API")
+    s.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
+    s.add_argument("--port", type=int, default=8000)
+    s.set_defaults(run=cmd_serve)
+
+    s = sub.add_parser("catalog", parents=[common], help="write the web catalog as static files (HTML + JSON + assets)")
+    s.add_argument("--out", required=True, help="directory to write into")
+    s.add_argument("--trees", action="store_true", help="also export every module tree (a meta forward per model)")
+    s.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
+    s.set_defaults(run=cmd_catalog)
 
     s = sub.add_parser("db", parents=[common], help="registry schema: upgrade, compact, revision")
     s.add_argument("action", choices=["upgrade", "compact", "revision"])

@@ -6,8 +6,8 @@ from datetime import datetime, timezone
 from sqlalchemy import delete, select
 from sqlalchemy.orm import Session
 
-from zoo.columns import COLUMNS
-from zoo.errors import AmbiguousName, ModelExists, ModelNotFound
+from zoo.columns import BY_NAME, COLUMNS, PUBLIC
+from zoo.errors import AmbiguousName, InvalidArgument, ModelExists, ModelNotFound
 from zoo.model_info import ModelInfo, encode_tensors
 from zoo.registry.sql import compile_search, sort_clause
 from zoo.registry.tables import Model, ModelTensors, Weights
@@ -101,11 +101,21 @@ def remove(session: Session, name: str) -> str:
     return row.name
 
 
-def search(session: Session, expression, order_by: str | None = None, limit: int | None = None) -> list[ModelInfo]:
-    query = select(Model)
+def search(session: Session, expression, order_by: str | None = None, limit: int | None = None,
+           fields: tuple[str, ...] | None = None) -> list[ModelInfo] | list[dict]:
+    """ModelInfo per match; with `fields`, a dict of just those public fields per match (those columns
+    alone are read: no ORM object and no JSON decoding for the rest, several times faster)."""
+    if fields is not None:
+        unknown = [f for f in fields if f not in BY_NAME or not BY_NAME[f].public]
+        if unknown:
+            raise InvalidArgument(f"unknown fields {unknown}; fields are: {', '.join(c.name for c in PUBLIC)}")
+    query = select(Model) if fields is None else select(*(getattr(Model, f) for f in fields))
     if expression is not None and not (isinstance(expression, str) and not expression.strip()):
         query = query.where(compile_search(expression))
     query = query.order_by(sort_clause(order_by), Model.name) if order_by else query.order_by(Model.name)
     if limit is not None:
         query = query.limit(limit)
-    return [ModelInfo.from_row(r) for r in session.scalars(query)]
+    if fields is None:
+        return [ModelInfo.from_row(r) for r in session.scalars(query)]
+    columns = [BY_NAME[f] for f in fields]
+    return [{c.name: c.decode(v) for c, v in zip(columns, row)} for row in session.execute(query)]

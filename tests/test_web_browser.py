@@ -1,0 +1,293 @@
+"""The catalog in a real browser: headless Debian Chromium driven by Selenium, against `zoo serve`'s app on
+the small registry and against `zoo catalog`'s files on a plain static server. Each page is written as a
+screenshot into $ZOO_SCREENSHOTS (default /tmp/zoo-screenshots)."""
+
+import json
+import urllib.parse
+
+import pytest
+
+from tests.web_support import chromium, screenshots_dir, serving_app, serving_files
+from zoo import render
+from zoo.api import Zoo
+from zoo.errors import SearchSyntaxError
+from zoo.query import FIELDS, parse
+from zoo.web.app import create_app
+from zoo.web.export import export_catalog
+
+WAIT_S = 60
+
+
+@pytest.fixture(scope="module")
+def browser(tmp_path_factory):
+    driver = chromium(tmp_path_factory.mktemp("chromium-profile"))
+    yield driver
+    driver.quit()
+
+
+@pytest.fixture(scope="module")
+def site(small_registry):
+    with serving_app(create_app(small_registry)) as base:
+        yield base
+
+
+def wait(driver, condition, message=""):
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    return WebDriverWait(driver, WAIT_S).until(lambda d: condition(d), message)
+
+
+def ready(driver):
+    """Wait for the page's script to finish drawing (it sets body[data-ready])."""
+    wait(driver, lambda d: d.execute_script("return document.body && document.body.dataset.ready === 'true'"),
+         "the page script did not finish")
+
+
+def navigate(driver, act):
+    """Do something that loads a new page (submit, click a link) and wait until that page is drawn."""
+    old = driver.find_element("tag name", "html")
+    act()
+    wait(driver, lambda d: not _alive(old), "no new page loaded")
+    ready(driver)
+
+
+def _alive(element) -> bool:
+    from selenium.common.exceptions import StaleElementReferenceException
+
+    try:
+        element.tag_name
+        return True
+    except StaleElementReferenceException:
+        return False
+
+
+def search_box(driver, text: str):
+    from selenium.webdriver.common.keys import Keys
+
+    box = driver.find_element("id", "q")
+    box.clear()
+    navigate(driver, lambda: box.send_keys(text + Keys.ENTER))
+
+
+def table_names(driver) -> list[str]:
+    return [td.text for td in driver.find_elements("css selector", "#table tbody td[data-col='name']")]
+
+
+def shot(driver, name: str):
+    driver.save_screenshot(str(screenshots_dir() / name))
+
+
+def marks(driver):
+    return driver.find_elements("css selector", "#scatter circle.mark")
+
+
+def assert_pareto_front(driver, points, x, y):
+    """The listed front is the Pareto front by definition: no plotted model is as cheap and better than
+    a front model, and every other model is matched or beaten by a front model at most its cost."""
+    front = [li.get_attribute("data-name") for li in driver.find_elements("css selector", "#front li")]
+    plotted = [p for p in points if p[x] and p[y]]
+    on = [p for p in plotted if p["name"] in front]
+    assert front and len(on) == len(front) and sorted(front, key=lambda n: [p[x] for p in on if p["name"] == n]) == front
+    for p in on:
+        assert not any(q[x] <= p[x] and q[y] > p[y] for q in plotted), p["name"]
+    for p in plotted:
+        if p["name"] not in front:
+            assert any(q[x] <= p[x] and q[y] >= p[y] for q in on), p["name"]
+    drawn = driver.find_element("css selector", "#scatter polyline.front").get_attribute("points").split()
+    assert len(drawn) == len(front)
+
+
+def test_search_sort_plot_hover_and_click_through(browser, site, small_registry):
+    zoo = Zoo(small_registry)
+    browser.get(site + "/")
+    ready(browser)
+    everything = zoo.search(None, limit=None)
+    assert table_names(browser) == [i.name for i in everything]
+    # the plot: one mark per row that has both values, and the Pareto front of them
+    plotted = [i for i in everything if i.flops and i.params]
+    assert sorted(m.get_attribute("data-name") for m in marks(browser)) == sorted(i.name for i in plotted)
+    assert 0 < len(plotted) < len(everything)  # a row without FLOPs (detection) is counted, not drawn
+    assert browser.find_element("id", "plot-note").text.startswith(f"{len(everything) - len(plotted)} not plotted")
+    points = [{"name": i.name, "flops": i.flops, "params": i.params} for i in plotted]
+    assert_pareto_front(browser, points, "flops", "params")
+    assert len(browser.find_elements("css selector", "#front li")) < len(plotted)
+
+    search_box(browser, "params<2e7 and flops>1G")
+    assert "q=params%3C2e7" in browser.current_url
+    expected = zoo.search("params<2e7 and flops>1G", limit=None)
+    assert table_names(browser) == [i.name for i in expected] and len(expected) >= 3
+    shot(browser, "01-search.png")
+
+    header = browser.find_element("css selector", "#table th[data-col='params'] a")
+    navigate(browser, header.click)
+    assert "sort=-params" in browser.current_url
+    assert table_names(browser) == [i.name for i in zoo.search("params<2e7 and flops>1G", order_by="-params")]
+    header = browser.find_element("css selector", "#table th[data-col='params'] a")
+    navigate(browser, header.click)
+    assert table_names(browser) == [i.name for i in zoo.search("params<2e7 and flops>1G", order_by="params")]
+
+    # one mark per row (every row here has FLOPs and params), each named after its row
+    assert sorted(m.get_attribute("data-name") for m in marks(browser)) == sorted(i.name for i in expected)
+    points = [{"name": i.name, "flops": i.flops, "params": i.params} for i in expected]
+
+    from selenium.webdriver.common.action_chains import ActionChains
+    from selenium.webdriver.support.ui import Select
+
+    target = marks(browser)[-1]  # drawn last, so on top of any mark at the same spot
+    ActionChains(browser).move_to_element(target).perform()
+    tooltip = browser.find_element("id", "tooltip")
+    wait(browser, lambda d: tooltip.is_displayed(), "no tooltip on hover")
+    assert target.get_attribute("data-name") in tooltip.text
+    shot(browser, "02-plot-hover.png")
+
+    Select(browser.find_element("id", "plot-x")).select_by_value("params")  # x = params, y = GFLOPs
+    assert "x=params" in browser.current_url and len(marks(browser)) == len(expected)
+    assert_pareto_front(browser, points, "params", "flops")
+    assert browser.find_element("css selector", "#scatter .axis-label").text == "parameters"
+
+    name = marks(browser)[-1].get_attribute("data-name")
+    navigate(browser, lambda: ActionChains(browser).click(marks(browser)[-1]).perform())
+    assert browser.current_url.endswith("/model/" + name) and browser.find_element("id", "title").text == name
+
+
+def test_facets_narrow_by_the_grammar(browser, site, small_registry):
+    browser.get(site + "/?q=" + urllib.parse.quote("params>1e6"))
+    ready(browser)
+    facet = browser.find_element("css selector", "#facets [data-facet='family'] a")
+    family = facet.text
+    navigate(browser, facet.click)
+    q = f"params>1e6 and family={family}"
+    assert browser.find_element("id", "q").get_attribute("value") == q
+    assert table_names(browser) == [i.name for i in Zoo(small_registry).search(q, limit=None)]
+
+
+def test_a_syntax_error_is_shown_inline_with_a_caret_at_its_column(browser, site):
+    browser.get(site + "/")
+    ready(browser)
+    bad = "params < 7B and flops >> 1G"
+    search_box(browser, bad)
+    with pytest.raises(SearchSyntaxError) as expected:
+        parse(bad)
+    error = browser.find_element("id", "error")
+    assert error.is_displayed() and expected.value.args[0].split("\n")[0] in error.text
+    caret = error.find_element("css selector", "pre.caret").text.split("\n")
+    assert caret[0] == bad and caret[1].index("^") == expected.value.column - 1
+    assert "invalid" in browser.find_element("id", "q").get_attribute("class")
+    assert browser.find_elements("css selector", "#table tbody tr") == []
+    shot(browser, "03-syntax-error.png")
+
+
+def test_model_page_tree_tensors_and_estimate(browser, site, small_registry):
+    zoo = Zoo(small_registry)
+    info = zoo.info("timm/resnet18", tensors=True)
+    browser.get(site + "/model/timm/resnet18")
+    ready(browser)
+    rows = [[c.text for c in tr.find_elements("css selector", "th, td")]
+            for tr in browser.find_elements("css selector", "#show tr")]
+    assert rows == [[label, text] for label, text in render.info_rows(info)]
+    assert len(browser.find_elements("css selector", "#tensors tbody tr")) == 100
+    assert 'zoo.get("timm/resnet18")' in browser.find_element("id", "snippets").text
+
+    browser.find_element("css selector", "#tree-details > summary").click()  # expand: runs Zoo.scan
+    wait(browser, lambda d: d.find_elements("css selector", "#tree .node"), "the module tree did not load")
+    scan = zoo.scan("timm/resnet18", strict=False)
+    nodes = browser.find_elements("css selector", "#tree .node")
+    assert [n.get_attribute("data-module") for n in nodes] == [m.name for m in scan.modules]
+    layer = browser.find_element("css selector", "#tree details[data-module='layer1']")
+    inner = layer.find_element("css selector", "[data-module='layer1.0']")
+    assert not inner.is_displayed()
+    layer.find_element("tag name", "summary").click()
+    assert inner.is_displayed() and "64x56x56" in inner.text  # its output shape
+    shot(browser, "04-model-tree.png")
+
+    form = browser.find_element("id", "estimate-form")
+    batch = form.find_element("name", "batch")
+    batch.clear()
+    batch.send_keys("8")
+    form.find_element("name", "training").click()
+    form.find_element("css selector", "button[type='submit']").click()
+    wait(browser, lambda d: d.find_elements("css selector", "#estimate-bar rect.seg"), "no estimate bar")
+    expected = zoo.estimate("timm/resnet18", batch=8, dtype="bf16", training=True)
+    parts = {r.get_attribute("data-part"): float(r.get_attribute("width"))
+             for r in browser.find_elements("css selector", "#estimate-bar rect.seg")}
+    assert set(parts) == {"weights", "gradients", "optimizer_states", "inputs", "activations"}
+    widths = {p: getattr(expected, p) * 600 / expected.upper_bound for p in parts}
+    assert all(abs(parts[p] - widths[p]) < 0.02 for p in parts)
+    assert browser.find_element("id", "estimate-total").text == render.human(expected.total, "B")
+    browser.execute_script("document.getElementById('estimate-result').scrollIntoView()")
+    shot(browser, "05-model-estimate.png")
+
+
+def test_the_static_catalog_searches_in_the_page(browser, small_registry, tmp_path):
+    zoo = Zoo(small_registry)
+    export_catalog(tmp_path / "site", small_registry, trees=False)
+    with serving_files(tmp_path / "site") as base:
+        browser.get(base + "/index.html")
+        ready(browser)
+        assert table_names(browser) == [i.name for i in zoo.search(None, limit=None)]
+        search_box(browser, "name~'resnet*' or task=object-detection")
+        assert table_names(browser) == [i.name for i in zoo.search("name~'resnet*' or task=object-detection",
+                                                                    limit=None)]
+        assert len(marks(browser)) == sum(1 for i in zoo.search("name~'resnet*' or task=object-detection", limit=None)
+                                          if i.flops and i.params)
+        shot(browser, "06-static-search.png")
+
+        # the in-page grammar (static/grammar.js) against zoo.search, every query and sort
+        queries = ["family=timm", "not task=image-classification", "params<1e7 or flops>=5G", "name~'*net*'",
+                   "name~'vit_*'", "NAME ~ '*V?T*'", "bytes < 20MiB and not (family=torchvision)", "macs>1_000_000K",
+                   "task!=image-classification", "scan_status=ok and trainable>0", "params>7B", "dtype='float32'"]
+        sorts = ["name", "-params", "flops", "-task"]
+        script = """const [queries, sorts, done] = arguments;
+          Promise.all([import('./static/grammar.js'), fetch('data/index.json').then(r => r.json())]).then(([g, index]) =>
+            done(queries.map(q => sorts.map(s => g.search(index, new URLSearchParams({q, sort: s, per_page: 200}))
+              .points.map(p => p.name)))));"""
+        got = browser.execute_async_script(script, queries, sorts)
+        want = [[[i.name for i in zoo.search(q, order_by=s, limit=None)] for s in sorts] for q in queries]
+        assert got == want
+        bad = ["params<<1", "flops > 1G and", "(family=timm", "paramz=1", "params~1", "name=7 and", "'open", "x = #"]
+        script = """const [queries, done] = arguments;
+          import('./static/grammar.js').then(g => done(queries.map(q => {
+            try { g.parse(q, %s); return null; } catch (e) { return e.column; } })));""" % json.dumps(dict(FIELDS))
+        columns = browser.execute_async_script(script, bad)
+        for q, column in zip(bad, columns):
+            with pytest.raises(SearchSyntaxError) as expected:
+                parse(q)
+            assert column == expected.value.column, q
+
+        link = browser.find_element("css selector", "#table td[data-col='name'] a")
+        name = link.text
+        navigate(browser, link.click)
+        assert browser.find_element("id", "title").text == name
+        assert len(browser.find_elements("css selector", "#tensors tbody tr")) == min(100, len(zoo.info(name, tensors=True).tensor_table))
+        shot(browser, "07-static-model.png")
+
+
+def test_with_published_accuracy_the_plot_is_top1_against_cost(browser, small_registry, tmp_path):
+    # The registry records no accuracy yet (pretrained variants are another issue); the pages show a
+    # top1 field as soon as the data has one. Made-up values, set in the exported index, show that.
+    zoo = Zoo(small_registry)
+    export_catalog(tmp_path / "site", small_registry)
+    index_file = tmp_path / "site" / "data" / "index.json"
+    index = json.loads(index_file.read_text())
+    made_up = {"timm/resnet18": 69.7, "timm/vit_tiny_patch16_224": 75.5, "timm/efficientnet_b0": 77.7,
+               "torchvision/mobilenet_v3_small": 67.7, "timm/swin_tiny_patch4_window7_224": 81.4,
+               "torchvision/resnet18": 69.8}
+    index["columns"].append("top1")
+    index["fields"]["top1"] = "number"  # searchable, as recorded fields are
+    for row in index["models"]:
+        row["top1"] = made_up.get(row["name"])
+    index_file.write_text(json.dumps(index))
+    with serving_files(tmp_path / "site") as base:
+        browser.get(base + "/index.html?sort=-top1")
+        ready(browser)
+        assert table_names(browser)[:len(made_up)] == sorted(made_up, key=made_up.get, reverse=True)
+        assert browser.find_element("css selector", "#table th[data-col='top1']").text.startswith("top-1")
+        labels = [t.text for t in browser.find_elements("css selector", "#scatter .axis-label")]
+        assert labels == ["GFLOPs (batch 1)", "top-1 (%)"]
+        assert sorted(m.get_attribute("data-name") for m in marks(browser)) == sorted(made_up)
+        points = [{"name": i.name, "flops": i.flops, "top1": made_up[i.name]} for i in zoo.search(None, limit=None)
+                  if i.name in made_up]
+        assert_pareto_front(browser, points, "flops", "top1")
+        front = [li.get_attribute("data-name") for li in browser.find_elements("css selector", "#front li")]
+        assert front == ["torchvision/mobilenet_v3_small", "timm/efficientnet_b0", "timm/swin_tiny_patch4_window7_224"]
+        shot(browser, "08-static-top1-plot.png")

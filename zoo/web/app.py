@@ -1,0 +1,161 @@
+"""The `zoo serve` HTTP server: the search and model pages and the JSON API, read-only, over one Zoo.
+
+Every route is GET (HEAD follows); any other method gets 405 before reaching zoo, and zoo is only
+asked to search, read, scan and estimate, which open the registry for reading. Pages are HTML
+shells with their first answer embedded as JSON, so one request draws a page; the scripts and
+the style are files of the package (no CDN), and the Content-Security-Policy allows nothing else.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from html import escape
+from collections import OrderedDict
+from pathlib import Path
+from string import Template
+
+from starlette.applications import Starlette
+from starlette.middleware import Middleware
+from starlette.middleware.gzip import GZipMiddleware
+from starlette.middleware.trustedhost import TrustedHostMiddleware
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, JSONResponse, Response
+from starlette.routing import Mount, Route
+from starlette.staticfiles import StaticFiles
+
+from zoo.api import Zoo
+from zoo.errors import ZooError
+from zoo.web import views
+
+HERE = Path(__file__).resolve().parent
+STATIC, TEMPLATES = HERE / "static", HERE / "templates"
+HEADERS = {
+    "Content-Security-Policy": "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
+                               "connect-src 'self'; base-uri 'none'; form-action 'self'; frame-ancestors 'none'",
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",
+}
+TREE_CACHE_SIZE = 32
+
+
+def template(name: str) -> Template:
+    return Template((TEMPLATES / name).read_text())
+
+
+def page(name: str, title: str, root: str, data: dict) -> str:
+    """An HTML shell with its data as a JSON block (<, >, & escaped so no string can close the tag)."""
+    text = json.dumps(data, separators=(",", ":")).replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
+    home = root or "index.html"  # the search page: "/" served, index.html as files
+    return template(name).substitute(title=escape(title), root=root, home=home, data=text)
+
+
+class Catalog:
+    """The routes over one registry. Scans and estimates build models and run meta forwards: they run one
+    at a time (a bound on the CPU one client can take, and templates are built once), trees are cached."""
+
+    def __init__(self, url: str | None = None):
+        self.zoo = Zoo(url)
+        self.heavy = threading.Lock()
+        self.trees: OrderedDict = OrderedDict()
+
+    def answer(self, run, html: tuple[str, str] | None = None) -> Response:
+        """JSON of run(), or an HTML page embedding it; a zoo error becomes its typed status and body.
+        Server-Timing says how long the answer took here (bench/web_search.py reads it)."""
+        start = time.perf_counter()
+        try:
+            status, body = 200, run()
+        except ZooError as e:
+            status, body = views.error(e)
+            body = {"failure": body} if html else body
+        if html is None:
+            response = JSONResponse(body, status_code=status, headers=HEADERS)
+        else:
+            name, title = html
+            response = HTMLResponse(page(name, title, "/", {"mode": "server", **body}), status_code=status,
+                                    headers=HEADERS)
+        response.headers["Server-Timing"] = f"app;dur={(time.perf_counter() - start) * 1000:.1f}"
+        return response
+
+    # --- pages ---
+
+    def search_page(self, request: Request) -> Response:
+        return self.answer(lambda: {"search": views.search(self.zoo, request.query_params)},
+                           ("search.html", "zoo catalog"))
+
+    def model_page(self, request: Request) -> Response:
+        name = request.path_params["name"]
+        return self.answer(lambda: {"model": views.model(self.zoo, name, request.query_params)},
+                           ("model.html", f"{name} - zoo catalog"))
+
+    # --- JSON API: Zoo.search, Zoo.info, Zoo.scan, Zoo.estimate ---
+
+    def api_search(self, request: Request) -> Response:
+        return self.answer(lambda: views.search(self.zoo, request.query_params))
+
+    def api_model(self, request: Request) -> Response:
+        return self.answer(lambda: views.model(self.zoo, request.path_params["name"], request.query_params))
+
+    def api_scan(self, request: Request) -> Response:
+        return self.answer(lambda: self.tree(request.path_params["name"]))
+
+    def api_estimate(self, request: Request) -> Response:
+        def run():
+            with self.heavy:
+                return views.estimate(self.zoo, request.path_params["name"], request.query_params)
+        return self.answer(run)
+
+    def tree(self, name: str) -> dict:
+        info = self.zoo.info(name)
+        key = (info.name, info.indexed_at)  # a re-indexed model is scanned again
+        with self.heavy:
+            if key not in self.trees:
+                self.trees[key] = views.tree(self.zoo, info.name)
+                while len(self.trees) > TREE_CACHE_SIZE:
+                    self.trees.popitem(last=False)
+            self.trees.move_to_end(key)
+            return self.trees[key]
+
+    async def not_found(self, request: Request, exc) -> Response:
+        status = getattr(exc, "status_code", 404)
+        return JSONResponse({"error": "HTTPError", "message": f"{status}: {request.method} {request.url.path}"},
+                            status_code=status, headers=HEADERS)
+
+
+LOOPBACK_HOSTS = ["127.0.0.1", "localhost", "[::1]"]
+
+
+def create_app(url: str | None = None, hosts: list[str] | None = None) -> Starlette:
+    """The ASGI app over the registry at `url` (None: $ZOO_REGISTRY or the shipped registry.db);
+    `hosts`: the Host headers it answers (None: any)."""
+    c = Catalog(url)
+    # plain (sync) endpoints run in Starlette's thread pool: a search or a scan does not stall the others
+    routes = [
+        Route("/", c.search_page),
+        Route("/model/{name:path}", c.model_page),
+        Route("/api/search", c.api_search),
+        Route("/api/models/{name:path}", c.api_model),
+        Route("/api/scan/{name:path}", c.api_scan),
+        Route("/api/estimate/{name:path}", c.api_estimate),
+        Mount("/static", StaticFiles(directory=STATIC), name="static"),
+    ]
+    middleware = [Middleware(GZipMiddleware, minimum_size=2048, compresslevel=5)]
+    if hosts is not None:
+        middleware.insert(0, Middleware(TrustedHostMiddleware, allowed_hosts=hosts))
+    app = Starlette(routes=routes, middleware=middleware, exception_handlers={404: c.not_found, 405: c.not_found})
+    app.state.catalog = c
+    return app
+
+
+def serve(url: str | None = None, host: str = "127.0.0.1", port: int = 8000) -> None:
+    """Run the catalog until interrupted; the registry is opened first, so a wrong one fails at once."""
+    import uvicorn
+
+    # Bound to this machine, answer only its own names: a web page elsewhere that rebinds its domain
+    # to 127.0.0.1 (DNS rebinding) would otherwise read the registry through the visitor's browser.
+    loopback = host in ("127.0.0.1", "localhost", "::1")
+    app = create_app(url, hosts=LOOPBACK_HOSTS if loopback else None)
+    app.state.catalog.zoo.search(None, limit=1)
+    print(f"zoo catalog of {app.state.catalog.zoo.url} at http://{host}:{port}/ (read-only; Ctrl-C stops)", flush=True)
+    uvicorn.run(app, host=host, port=port, log_level="warning")

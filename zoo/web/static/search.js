@@ -1,0 +1,116 @@
+// The search page: the grammar in one box, the result set as a sortable, paged table, facets that
+// narrow it (by adding `and family=X` to the search: the grammar stays the only query language) and
+// the plot of the whole result set. Served, the answer is embedded in the page; as static files it is
+// computed here by grammar.js over data/index.json. Every change is a plain link, so each view has a URL.
+import { el, errorView, gflops, getJSON, human, modelHref, pageData, searchHref } from "./format.js";
+import { search as searchLocal, SearchSyntaxError } from "./grammar.js";
+import { describe, drawPlot } from "./plot.js";
+
+const data = pageData();
+const mode = data.mode;
+const params = new URLSearchParams(location.search);
+const $ = (id) => document.getElementById(id);
+const HEADINGS = { name: "name", family: "family", task: "task", params: "params", flops: "GFLOPs", bytes: "bytes",
+  top1: "top-1", license: "license" };
+const NUMERIC = new Set(["params", "flops", "bytes", "top1"]);
+
+function cell(column, value) {
+  if (column === "params") return human(value);
+  if (column === "bytes") return human(value, "B");
+  if (column === "flops") return gflops(value);
+  return value === null || value === undefined ? "-" : String(value);
+}
+
+// q plus `and FIELD=VALUE`, parenthesized when q has an `or` that would otherwise bind looser.
+function narrowed(q, field, value) {
+  const v = /^[A-Za-z0-9_.\-/*?:+@]+$/.test(value) && !/^(and|or|not)$/i.test(value)
+    ? value : `'${value.replaceAll("\\", "\\\\").replaceAll("'", "\\'")}'`;
+  if (!q) return `${field}=${v}`;
+  return /\bor\b/i.test(q) ? `(${q}) and ${field}=${v}` : `${q} and ${field}=${v}`;
+}
+
+function link(result, overrides) {
+  return searchHref(mode, { q: result.q, sort: result.sort, x: params.get("x"), per_page: params.get("per_page"), ...overrides });
+}
+
+function renderTable(result) {
+  const header = el("tr", null, result.columns.map((c) => {
+    const next = result.sort === `-${c}` ? c : NUMERIC.has(c) ? `-${c}` : result.sort === c ? `-${c}` : c;
+    const arrow = result.sort === c ? " \u25b2" : result.sort === `-${c}` ? " \u25bc" : "";
+    return el("th", { "data-col": c, class: NUMERIC.has(c) ? "num" : null },
+      el("a", { href: link(result, { sort: next, page: null }) }, HEADINGS[c] || c, arrow));
+  }));
+  const rows = result.rows.map((row) => el("tr", null, result.columns.map((c) => el("td",
+    { "data-col": c, class: NUMERIC.has(c) ? "num" : null },
+    c === "name" ? el("a", { href: modelHref(mode, row.name) }, row.name) : cell(c, row[c])))));
+  $("table").replaceChildren(el("thead", null, header), el("tbody", null, rows));
+  const shown = result.total ? `${(result.page - 1) * result.per_page + 1}-${(result.page - 1) * result.per_page + result.rows.length}` : "0";
+  $("summary").textContent = result.total
+    ? `${result.total}${result.more ? "+" : ""} models match${result.more ? " (the first ones are counted and plotted)" : ""}; rows ${shown}`
+    : "no models match";
+  const pager = [];
+  if (result.page > 1) pager.push(el("a", { href: link(result, { page: result.page - 1 }), rel: "prev" }, "\u2190 previous"));
+  pager.push(el("span", null, ` page ${result.page} of ${result.pages} `));
+  if (result.page < result.pages) pager.push(el("a", { href: link(result, { page: result.page + 1 }), rel: "next" }, "next \u2192"));
+  $("pager").replaceChildren(...pager);
+}
+
+function renderFacets(result) {
+  const groups = Object.entries(result.facets).filter(([, values]) => values.length).map(([field, values]) =>
+    el("div", { class: "facet", "data-facet": field }, el("h3", null, field),
+      el("ul", null, values.map(([value, n]) => el("li", null,
+        el("a", { href: link(result, { q: narrowed(result.q, field, value), page: null }) }, value), ` ${n}`)))));
+  $("facets").replaceChildren(...groups);
+}
+
+function renderPlot(result) {
+  const x = params.get("x") === "params" ? "params" : "flops";
+  $("plot-x").value = x;
+  const drawn = drawPlot($("plot"), result.points, x, { tooltip: $("tooltip"), legend: $("legend"),
+    onOpen: (name) => { location.href = modelHref(mode, name); } });
+  const names = { flops: "GFLOPs", params: "params", top1: "top-1" };
+  $("plot-note").textContent = drawn.skipped ? `${drawn.skipped} not plotted (no ${names[x]} or ${names[drawn.y]} recorded)` : "";
+  $("front-note").textContent = drawn.front.length ? `(highest ${names[drawn.y]} for its ${names[x]})` : "";
+  $("front").replaceChildren(...drawn.front.map((p) => el("li", { "data-name": p.name },
+    el("a", { href: modelHref(mode, p.name) }, p.name), ` ${describe(x, p[x])}, ${describe(drawn.y, p[drawn.y])}`)));
+}
+
+function showError(body) {
+  $("error").replaceChildren(...errorView(body, mode));
+  $("error").hidden = false;
+  if (body.param !== "sort" && body.column) {
+    const box = $("q");
+    box.classList.add("invalid");
+    box.focus();
+    box.setSelectionRange(body.column - 1, body.column - 1);
+  }
+}
+
+async function answer() {
+  if (mode === "server") return data.failure ? { failure: data.failure } : { result: data.search };
+  try {
+    return { result: searchLocal(await getJSON("data/index.json"), params) };
+  } catch (e) {
+    return { failure: e instanceof SearchSyntaxError ? e.body : e.body || (e.message ? { message: e.message } : e) };
+  }
+}
+
+const { result, failure } = await answer();
+$("q").value = params.get("q") || "";
+$("sort").value = params.get("sort") || "";
+$("sort").disabled = !$("sort").value; // no empty sort= in the URL
+if (failure) {
+  showError(failure);
+  $("summary").textContent = "no search ran";
+  $("plot-panel").hidden = true;
+} else {
+  renderFacets(result);
+  renderTable(result);
+  renderPlot(result);
+  $("plot-x").addEventListener("change", () => {
+    params.set("x", $("plot-x").value);
+    history.replaceState(null, "", `${location.pathname}?${params}`);
+    renderPlot(result);
+  });
+}
+document.body.dataset.ready = "true"; // the tests wait for this

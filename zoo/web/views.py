@@ -1,0 +1,162 @@
+"""What the catalog shows, as JSON-ready dicts built from Zoo methods only (no SQL here): a search page
+(one page of rows, facets and plot points of the whole result set), a model, its module tree, an
+estimate; and typed errors as (status, body). The server (app.py) and the static export share it."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections import Counter
+
+from zoo import render
+from zoo.api import Zoo
+from zoo.columns import SEARCH_FIELDS
+from zoo.errors import (
+    AmbiguousName, AnalysisError, BuildFailed, InvalidArgument, ModelNotFound, NotBuildable, RegistryDrift,
+    SearchSyntaxError, ZooError,
+)
+from zoo.model_info import ModelInfo
+from zoo.query import parse_sort
+
+# Every answer is bounded: a page of rows, a page of tensors, at most MAX_RESULTS rows behind a
+# search's facets and plot (more are reported as `more`, never sent), at most MAX_TREE_MODULES modules.
+PER_PAGE, MAX_PER_PAGE = 50, 200
+TENSORS_PER_PAGE, MAX_TENSORS_PER_PAGE = 100, 500
+MAX_RESULTS = 10_000
+MAX_TREE_MODULES = 5_000
+MAX_BATCH, MAX_SEQ_LEN = 65_536, 1 << 20  # an estimate runs on meta, but its time grows with them
+
+TABLE_COLUMNS = ("name", "family", "task", "params", "flops", "bytes")
+# Published accuracy and licenses are not recorded yet (pretrained variants are another issue): the
+# table and the plot show them as soon as ModelInfo has them, and leave them out until then.
+OPTIONAL_COLUMNS = ("top1", "license")
+PLOT_FIELDS = ("name", "family", "flops", "params", "top1")  # top1 only while the table shows it
+
+
+def columns() -> list[str]:
+    return [*TABLE_COLUMNS, *(c for c in OPTIONAL_COLUMNS if c in ModelInfo.__dataclass_fields__)]
+
+
+def summary(info: ModelInfo) -> dict:
+    """A model as one search row: every searchable field (the static page searches these) and the table's."""
+    row = {f: getattr(info, f, None) for f in SEARCH_FIELDS if f != "short"}
+    row["short"] = info.name.split("/", 1)[-1]  # the grammar's bare name; ModelInfo keeps it private
+    row.update({c: getattr(info, c, None) for c in columns()})
+    return row
+
+
+def whole_number(params, key: str, default: int | None, low: int, high: int) -> int | None:
+    """A query parameter that must be a whole number in [low, high]; absent or empty gives default."""
+    text = (params.get(key) or "").strip()
+    if not text:
+        return default
+    if not text.isdigit() or not low <= int(text) <= high:
+        raise InvalidArgument(f"{key} must be a whole number from {low} to {high}, not {text!r}")
+    return int(text)
+
+
+def flag(params, key: str) -> bool:
+    text = (params.get(key) or "").strip().lower()
+    if text in ("", "0", "false", "no", "off"):
+        return False
+    if text in ("1", "true", "yes", "on"):
+        return True
+    raise InvalidArgument(f"{key} must be true or false, not {text!r}")
+
+
+def search(zoo: Zoo, params) -> dict:
+    """One search page: q (the grammar), sort ("params" or "-params"), page, per_page."""
+    q = (params.get("q") or "").strip()
+    sort = (params.get("sort") or "").strip() or None
+    page = whole_number(params, "page", 1, 1, 10**9)
+    per_page = whole_number(params, "per_page", PER_PAGE, 1, MAX_PER_PAGE)
+    if sort is not None:
+        try:
+            parse_sort(sort)
+        except SearchSyntaxError as e:
+            e.param = "sort"
+            raise
+    shown = columns()
+    plotted = [f for f in PLOT_FIELDS if f in shown]
+    # just the fields shown: reading whole rows (ModelInfo) for every match is most of a search's time
+    found = zoo.search(q or None, order_by=sort, limit=MAX_RESULTS + 1, fields=shown)
+    more = len(found) > MAX_RESULTS
+    found = found[:MAX_RESULTS]
+    start = (page - 1) * per_page
+    return {
+        "q": q, "sort": sort, "page": page, "per_page": per_page, "total": len(found), "more": more,
+        "pages": max(1, math.ceil(len(found) / per_page)), "columns": shown, "rows": found[start:start + per_page],
+        "facets": {f: Counter(r[f] for r in found if r[f]).most_common() for f in ("family", "task")},
+        "points": [{f: r[f] for f in plotted} for r in found],
+    }
+
+
+def model(zoo: Zoo, name: str, params=None, whole: bool = False) -> dict:
+    """Everything `zoo show NAME --tensors` prints (as label/text rows), the recorded fields, one page
+    of the tensor table (tensor_page, tensor_per_page; whole: all of it, for files) and the snippets."""
+    params = params or {}
+    info = zoo.info(name, tensors=True)
+    rows = render.tensor_rows(info.tensor_table or [])
+    per_page = whole_number(params, "tensor_per_page", TENSORS_PER_PAGE, 1, MAX_TENSORS_PER_PAGE)
+    page = whole_number(params, "tensor_page", 1, 1, 10**9)
+    if whole:
+        page, per_page = 1, max(1, len(rows) - 1)
+    fields = info.as_dict()
+    fields.pop("tensor_table", None)
+    start = 1 + (page - 1) * per_page
+    return {
+        "name": info.name, "fields": fields, "show": [list(r) for r in render.info_rows(info)],
+        "tensors": {"header": rows[0], "rows": rows[start:start + per_page], "total": len(rows) - 1,
+                    "page": page, "per_page": per_page, "pages": max(1, math.ceil((len(rows) - 1) / per_page))},
+        "snippets": snippets(info),
+    }
+
+
+def snippets(info: ModelInfo) -> list[str]:
+    weights = f", weights={json.dumps(info.weights[0]['tag'])}" if info.weights else ""
+    lines = [f"import zoo\nm = zoo.get({json.dumps(info.name)}{weights})  # every tensor on meta until .materialize()"]
+    if info.status == "ok" and info.family != "checkpoint":
+        lines += [f"zoo estimate {info.name} --batch 32 --dtype bf16 --training",
+                  f"zoo show {info.name} --tree --depth 2"]
+    return lines
+
+
+def tree(zoo: Zoo, name: str) -> dict:
+    """The module tree with params, bytes and output shapes per module (Zoo.scan, strict=False)."""
+    info = zoo.info(name)
+    result = zoo.scan(info.name, strict=False)
+    modules = result.as_dict()["modules"]
+    return {"name": info.name, "error": result.error, "outputs": result.outputs, "total": len(modules),
+            "truncated": len(modules) > MAX_TREE_MODULES, "modules": modules[:MAX_TREE_MODULES]}
+
+
+def estimate(zoo: Zoo, name: str, params) -> dict:
+    """Zoo.estimate with batch, dtype, training, optimizer and seq_len from query parameters."""
+    result = zoo.estimate(name, batch=whole_number(params, "batch", 1, 1, MAX_BATCH),
+                          dtype=(params.get("dtype") or "bf16").strip(), training=flag(params, "training"),
+                          optimizer=(params.get("optimizer") or "adamw").strip(),
+                          seq_len=whole_number(params, "seq_len", None, 1, MAX_SEQ_LEN))
+    return result.as_dict()
+
+
+def catalog_index(zoo: Zoo) -> dict:
+    """Every model as a search row, with the grammar's fields: the static catalog searches this in the page."""
+    return {"fields": SEARCH_FIELDS, "columns": columns(), "models": [summary(i) for i in zoo.search(None, limit=None)]}
+
+
+def error(e: Exception) -> tuple[int, dict]:
+    """An exception as an HTTP status and a JSON body naming what to fix."""
+    body = {"error": type(e).__name__, "message": str(e).split("\n")[0]}
+    if isinstance(e, SearchSyntaxError):
+        return 400, {**body, "param": getattr(e, "param", "q"), "expression": e.expression, "column": e.column}
+    if isinstance(e, ModelNotFound):
+        return 404, {**body, "name": e.name, "suggestions": e.suggestions}
+    if isinstance(e, AmbiguousName):
+        return 404, {**body, "name": e.name, "suggestions": e.candidates}
+    if isinstance(e, (InvalidArgument, AnalysisError)):
+        return 400, body
+    if isinstance(e, (BuildFailed, NotBuildable, RegistryDrift)):
+        return 422, body  # a real model that cannot be built here: nothing the request can change
+    if isinstance(e, ZooError):
+        return 500, body
+    raise e
