@@ -13,13 +13,15 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from zoo.errors import MaterializeError, WeightsMismatch
+from zoo.errors import InvalidArgument, MaterializeError, WeightsMismatch
 from zoo.inspection import dtype_name, named_tensors
 from zoo.meta import value_of
 from zoo.weights.fit import Target, fit
 from zoo.weights.sources import SafetensorsSource, Source, open_source
+from zoo.weights.stream import stream_into
 
 _ALIGN = 64
+STREAMED = ("cuda",)  # device types that safetensors files stream onto through a ring of pinned buffers
 
 
 @dataclass
@@ -109,10 +111,20 @@ def materialize(module: nn.Module, device="cpu", weights=None, dtype: torch.dtyp
     missing and unexpected keys (missing ones get the constructor's values), never a misshaped
     one. key_map maps checkpoint keys to module keys (a dict or a function; None drops a key).
     copy=False on CPU makes parameters views of the memory-mapped safetensors file where the
-    dtype and alignment allow (copy-on-write: the file is never changed).
-    Parameters that FSDP2's fully_shard made DTensors get this rank's rows only, read from the file.
+    dtype and alignment allow (copy-on-write: the file is never changed). Anywhere else there is no
+    file to view, so copy=False on another device is refused (InvalidArgument), not ignored.
+    On CUDA a safetensors file streams through a few reusable pinned buffers, copied asynchronously on
+    a stream of its own while the next ones are read; dtype casts run on the GPU; the call returns
+    when every copy is done.
+    Parameters that FSDP2's fully_shard made DTensors get this rank's rows only, read from the file
+    (on CUDA, onto the rank's current device when device="cuda" names none).
     """
     device = torch.device(device)
+    if not copy and device.type != "cpu":
+        raise InvalidArgument(f"copy=False makes tensors views of the file mapped in CPU memory; on {device} they "
+                              f"are always copied: leave copy=True (the default)")
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())  # each rank's own, as set_device chose
     recipe = recipe if recipe is not None else module.__dict__.get("_zoo_recipe")
     slots = slots_of(module)
     try:
@@ -218,13 +230,23 @@ def _load(slots, source: Source, device, dtype, strict, key_map, copy, cast_non_
     if not copy and device.type == "cpu" and isinstance(source, SafetensorsSource):
         plan = _map_file_views(plan, source, dtype, cast_non_persistent)
     jobs = [(key, slot) for key, slot in plan.items()]
-    dests = allocate([(s.local_shape, _target_dtype(s, dtype, cast_non_persistent)) for _, s in jobs], device)
-    for (key, slot), dest in zip(jobs, dests):
-        slot.new = dest
-    _parallel(lambda job: source.read_into(job[0], job[1].new, job[1].rows), jobs, lambda job: job[1].new.nbytes)
+    _allocate_slots([slot for _, slot in jobs], device, dtype, cast_non_persistent)
+    if device.type in STREAMED and isinstance(source, SafetensorsSource):
+        stream_into([(key, slot.new, slot.rows) for key, slot in jobs], source, device)
+    else:
+        _parallel(lambda job: source.read_into(job[0], job[1].new, job[1].rows), jobs,
+                  lambda job: job[1].new.nbytes)
     missing = [s for s in slots if s.new is None and s.persistent]
     if missing:  # strict=False: the constructor's own values, as if these keys were never asked for
         _from_constructor(missing, device, recipe)
+
+
+def _allocate_slots(slots, device, dtype, cast_non_persistent) -> None:
+    """Each slot's new, empty tensor. A function of its own so that no local variable holds one: a
+    traceback keeps its frames' locals, and on an error the slots must be the only holders (device memory)."""
+    for slot, new in zip(slots, allocate([(s.local_shape, _target_dtype(s, dtype, cast_non_persistent))
+                                          for s in slots], device)):
+        slot.new = new
 
 
 def _map_file_views(plan, source: SafetensorsSource, dtype, cast_non_persistent):

@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# The GPU checks in one shot, on a bare machine with Python 3 and an NVIDIA GPU: a venv, the project
+# installed into it, the CUDA tests, then bench/materialize_cuda.py. Logs go under $OUT when it is
+# set (the device tool brings that folder back), else /tmp/zoo_gpu_checks. Exit status: 0 when the
+# install, the tests and the bench all ran clean (the bench's targets are printed, not asserted).
+#
+#     bash bench/gpu_checks.sh
+set -uo pipefail
+cd "$(dirname "$0")/.."
+LOGS="${OUT:-/tmp/zoo_gpu_checks}"
+VENV="${ZOO_GPU_VENV:-/tmp/zoo_gpu_venv}"
+mkdir -p "$LOGS"
+echo "logs: $LOGS"
+
+nvidia-smi > "$LOGS/nvidia-smi.log" 2>&1 || echo "nvidia-smi failed (see $LOGS/nvidia-smi.log)"
+# --system-site-packages: a torch the machine already has is used rather than downloaded again.
+if ! { python3 -m venv --system-site-packages "$VENV" &&
+       "$VENV/bin/python" -m pip install -e '.[test,hf]' -c constraints.txt; } > "$LOGS/install.log" 2>&1; then
+    echo "install failed; the end of $LOGS/install.log:"
+    tail -n 20 "$LOGS/install.log"
+    exit 1
+fi
+PY="$VENV/bin/python"
+"$PY" -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'available', torch.cuda.is_available(), \
+'devices', torch.cuda.device_count())" 2>&1 | tee "$LOGS/torch.log"
+
+status=0
+# Every test with "cuda" in its id: the old round trip in test_materialize and the streaming ones
+# (bit-exact fills through the pinned ring, round trips, casts, failure midway, copy=False, FSDP2).
+"$PY" -m pytest -q -p no:cacheprovider -rs -k cuda tests/test_materialize.py tests/test_stream.py 2>&1 \
+    | tee "$LOGS/tests.log" || status=1
+# The same file without a GPU filter: the CPU runs of the same plan, as a cross-check on this machine.
+"$PY" -m pytest -q -p no:cacheprovider -k "not cuda" tests/test_stream.py 2>&1 | tail -n 3 \
+    | tee "$LOGS/tests_cpu.log" || status=1
+"$PY" bench/materialize_cuda.py 2>&1 | tee "$LOGS/bench.log" || status=1
+echo "gpu checks: exit $status" | tee -a "$LOGS/bench.log"
+exit $status
