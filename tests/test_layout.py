@@ -63,8 +63,8 @@ def _imports(path: Path, module: str) -> set[str]:
         elif isinstance(node, ast.ImportFrom):
             assert not node.level, f"{module}: zoo uses absolute imports only"
             base = node.module
-            found.add(base)
-            found |= {f"{base}.{a.name}" for a in node.names if f"{base}.{a.name}" in _modules()}
+            submodules = {f"{base}.{a.name}" for a in node.names if f"{base}.{a.name}" in _modules()}
+            found |= submodules if base == "zoo" and submodules else {base} | submodules
     return found
 
 
@@ -77,9 +77,7 @@ def test_imports_point_down_the_data_flow():
     modules = _modules()
     wrong = []
     for module, path in modules.items():
-        for imported in _imports(path, module):
-            if imported == "zoo" and module != "zoo":  # `from zoo import x` names a submodule, checked as one
-                continue
+        for imported in _imports(path, module):  # `import zoo` is the public API: the top layer
             if imported == "zoo" or imported.startswith("zoo."):
                 target = max((m for m in modules if imported == m or imported.startswith(m + ".")), key=len)
                 if _layer(target) > _layer(module):

@@ -307,6 +307,18 @@ def test_a_gotten_module_pickles_and_materializes_after_loading(zoo_at, tmp_path
         assert torch.equal(initialized.state_dict()[k], v), k
 
 
+def test_a_pickled_module_loads_a_file_after_its_registry_is_gone(tmp_path):
+    import pickle
+
+    registry = zoo.connect(str(tmp_path / "r.db"))
+    registry.index_builder("tests.builders:tied_net", "tied")
+    eager = eager_model("user/tied")
+    path = save(tmp_path, eager)
+    frozen = pickle.dumps(registry.get("user/tied"))
+    (tmp_path / "r.db").unlink()  # a file path needs no registry: only a tag does
+    assert_same_model(pickle.loads(frozen).materialize(weights=path), eager, "user/tied")
+
+
 def test_dtype_without_a_device_or_weights_is_refused_not_dropped(zoo_at):
     with pytest.raises(zoo.InvalidArgument, match="dtype applies when the model is materialized"):
         zoo_at.get("timm/resnet18", dtype=torch.bfloat16)

@@ -57,6 +57,10 @@ def test_a_missing_registry_file_is_a_clear_error(tmp_path):
     assert not (tmp_path / "nothing.db").exists()  # reading never creates a file
 
 
-def test_a_writer_creates_a_new_registry_through_the_migrations(fresh_url):
-    db.open_registry(fresh_url, write=True)
+def test_a_writer_creates_a_new_registry_through_the_migrations_only_when_asked(fresh_url):
+    from zoo.errors import RegistryNotFound
+
+    with pytest.raises(RegistryNotFound):  # a plain write (rm, weights add) never creates one
+        db.open_registry(fresh_url, write=True)
+    db.open_registry(fresh_url, write=True, create=True)  # indexing does
     assert db.current_revision(db.engine(fresh_url)) == db.SCHEMA_REVISION

@@ -25,10 +25,7 @@ class Zoo:
     """A registry at a SQLAlchemy URL (or file path); the shipped registry.db by default."""
 
     def __init__(self, url: str | None = None):
-        if url is None:
-            url = registry_url()
-        url = str(url)
-        self.url = url if "://" in url else f"sqlite:///{Path(url).expanduser().resolve()}"
+        self.url = registry_url(url)
 
     def __repr__(self) -> str:
         return f"Zoo({db.masked(self.url)!r})"
@@ -146,9 +143,12 @@ class Zoo:
         """Record a weights file for a model under a tag, with its sha256, once it fits the model; returns the sha256."""
         from zoo.weights.digest import digest
 
-        if not isinstance(tag, str) or not tag.strip() or len(tag) > 64 or tag.startswith("hf://"):
-            raise InvalidArgument(f"a weights tag is a name of 1 to 64 characters, such as 'default' or 'v1.0', "
-                                  f"not {tag!r}")
+        from zoo.indexer import is_constructor_tag
+
+        if (not isinstance(tag, str) or not tag.strip() or len(tag) > 64 or "/" in tag or tag.startswith("hf:")
+                or is_constructor_tag(tag)):
+            raise InvalidArgument(f"a weights tag is a name of 1 to 64 characters without '/', such as 'default' "
+                                  f"or 'v1.0' ('constructor' is zoo's own), not {tag!r}")
         path = Path(path).resolve()
         result = self.check(name, path)
         if result.misshaped or (strict and (result.missing or result.unexpected)):
@@ -160,20 +160,23 @@ class Zoo:
 
     def weights_path(self, name: str, weights):
         """What to load for `weights`: hf://ORG/NAME through the hub cache; a tag recorded for the model
-        ("default", "v1.0") becomes its file, sha256 checked; any other string is a path; a state dict is itself."""
+        ("default", "v1.0") becomes its file, sha256 checked; any other string is a path (one with a '/'
+        is never a tag, so it loads without the registry); a state dict is itself."""
         if not isinstance(weights, str):
             return weights
         if weights.startswith("hf://"):
             from zoo.weights.hub import resolve_hub_weights
             return resolve_hub_weights(weights)
+        if "/" in weights:
+            return weights
         from zoo.weights.digest import verify
 
         with db.session(self.url) as s:
             full = store.resolve(s, name).name
-            entry = store.weights_entry(s, full, weights)  # a tag first: "v1.0" is a tag before it is a path
+            entry = store.weights_entry(s, full, weights)  # a tag first: "v1.0" is a tag before it is a file
             tags = [w["tag"] for w in store.info(s, full).weights]
         if entry is None:
-            if Path(weights).exists() or "/" in weights or "." in weights:
+            if "." in weights or _is_file(weights):
                 return weights
             raise CheckpointError(f"{weights!r} is neither a file nor a weights tag of {name} "
                                   f"(tags: {', '.join(tags) or 'none; add one with `zoo weights add`'})")
@@ -183,10 +186,10 @@ class Zoo:
     def constructor_files(self, name: str) -> list[str]:
         """The weights files a model's constructor reads itself (recorded at index time as tags
         "constructor", "constructor-2", ...), each checked against its recorded sha256."""
-        from zoo.indexer import CONSTRUCTOR_TAG
+        from zoo.indexer import is_constructor_tag
         from zoo.weights.digest import verify
 
-        files = [w for w in self.info(name).weights if w["tag"].split("-")[0] == CONSTRUCTOR_TAG]
+        files = [w for w in self.info(name).weights if is_constructor_tag(w["tag"])]
         for w in files:
             verify(w["path"], w["sha256"])
         return [w["path"] for w in files]
@@ -204,6 +207,8 @@ class Zoo:
         from zoo import indexer
 
         indexer.workers_for(jobs)  # refused before anything is built
+        if isinstance(targets, str):  # one pattern or source, not its letters
+            targets = [targets]
         if source == "hf":
             return indexer.index_configs(self.url, list(targets), name, revision, force, progress=progress)
         if name is not None or revision is not None:
@@ -239,7 +244,7 @@ class Zoo:
 
     def revision(self) -> str | None:
         """The schema revision of the registry, None for an empty database."""
-        return db.current_revision(db.engine(self.url))
+        return db.revision_of(self.url)
 
     def compact(self) -> None:
         """Fold the write-ahead log into the file and shrink it (SQLite; a no-op elsewhere)."""
@@ -262,7 +267,7 @@ class _Materializer:
         from zoo.materialize import materialize
 
         registry = Zoo(self.url)
-        if weights == CONSTRUCTOR_TAG and registry.constructor_files(self.name):
+        if isinstance(weights, str) and weights == CONSTRUCTOR_TAG and registry.constructor_files(self.name):
             weights = None  # the constructor reads its own files, now checked, exactly as it does eagerly
         else:
             weights = registry.weights_path(self.name, weights)
@@ -293,6 +298,13 @@ def _check_against_record(name: str, module, recorded: bytes) -> None:
         diff = sorted(set(want.items()) ^ set(got.items()))[:5]
         raise RegistryDrift(f"{name}: the installed library builds other tensors than the registry records "
                             f"(first differences: {diff}); re-index it with `zoo index`")
+
+
+def _is_file(path: str) -> bool:
+    try:
+        return Path(path).is_file()
+    except OSError:  # a name too long for the file system is no file
+        return False
 
 
 def connect(url: str | None = None) -> Zoo:

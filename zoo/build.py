@@ -54,13 +54,16 @@ def vetted(recipe: Recipe, trusted: set[str] | None = None):
     return fam
 
 
-def _run(recipe: Recipe, fam, context):
+def _run(recipe: Recipe, fam, *contexts):
     try:
-        with no_downloads(), context:
+        with contextlib.ExitStack() as stack:
+            stack.enter_context(no_downloads())
+            for context in contexts:
+                stack.enter_context(context)
             return fam.build(recipe.builder, dict(recipe.kwargs))
     except ZooError:
         raise
-    except Exception as e:
+    except (Exception, SystemExit) as e:  # a builder that calls sys.exit (a CLI's main) ends no index run
         raise BuildFailed(f"{recipe.family}/{recipe.builder}: {type(e).__name__}: {e}") from e
 
 
@@ -68,11 +71,16 @@ def _run(recipe: Recipe, fam, context):
 def loads_on_meta(files_read: list):
     """torch.load inside a meta build reads no data: a constructor that loads its own shipped weights
     gets them on meta (weights_only: a pickle's code never runs), and the files are noted in files_read."""
+    import threading
+
     import torch
 
     original = torch.load
+    building = threading.get_ident()  # other threads' loads (a materialize beside the build) stay real
 
-    def load(f, *_location_and_pickle_module, **kwargs):
+    def load(f, *location_and_pickle_module, **kwargs):
+        if threading.get_ident() != building:
+            return original(f, *location_and_pickle_module, **kwargs)
         if isinstance(f, (str, os.PathLike)):
             files_read.append(os.path.abspath(f))
         rest = {k: v for k, v in kwargs.items() if k not in ("map_location", "pickle_module", "weights_only", "mmap")}
@@ -95,10 +103,8 @@ def build_meta(recipe: Recipe, trusted: set[str] | None = None, keep_all_values:
     from zoo.meta import SHADOW_LIMIT, force_meta
 
     fam = vetted(recipe, trusted)
-    context = contextlib.ExitStack()
-    context.enter_context(loads_on_meta([] if files_read is None else files_read))
-    context.enter_context(force_meta(sys.maxsize if keep_all_values else SHADOW_LIMIT))
-    return _run(recipe, fam, context)
+    return _run(recipe, fam, loads_on_meta([] if files_read is None else files_read),
+                force_meta(sys.maxsize if keep_all_values else SHADOW_LIMIT))
 
 
 def build_real(recipe: Recipe, device):

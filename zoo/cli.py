@@ -134,10 +134,11 @@ def _progress_reporter(quiet: bool, doing: str = "indexing"):
 
 def cmd_index(zoo, args) -> int:
     fresh = not zoo.exists()
-    status = _index(zoo, args)
-    if fresh and zoo.exists():
-        print(f"created a new registry at {zoo.url.removeprefix('sqlite:///')}", file=sys.stderr)
-    return status
+    try:
+        return _index(zoo, args)
+    finally:
+        if fresh and zoo.exists():
+            print(f"created a new registry at {zoo}", file=sys.stderr)
 
 
 def _index(zoo, args) -> int:
@@ -147,7 +148,7 @@ def _index(zoo, args) -> int:
     if args.source == "checkpoint":
         return _index_single(args, lambda: zoo.index_checkpoint(args.target, args.name, force=args.force))
     workers = min(args.jobs, os.cpu_count() or 1)
-    if workers < args.jobs:
+    if workers < args.jobs and args.source != "hf":
         print(f"-j {args.jobs}: using {workers} worker processes, the CPU count", file=sys.stderr)
     bar, report = _progress_reporter(args.quiet or args.json)
     try:
@@ -261,7 +262,8 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--kwargs", default="{}", help="JSON keyword arguments for a builder")
     s.add_argument("--jobs", "-j", type=_whole(1, "a number of workers"), default=1,
                    help="worker processes (at most the CPU count)")
-    s.add_argument("--force", action="store_true", help="rebuild models even if unchanged")
+    s.add_argument("--force", action="store_true",
+                   help="rebuild models even if unchanged; replace a model of another family or builder")
     s.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
     s.add_argument("--json", action="store_true")
     s.set_defaults(run=cmd_index)

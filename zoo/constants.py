@@ -8,9 +8,9 @@ from pathlib import Path
 DEFAULT_REGISTRY = (Path(__file__).parent / "registry.db").resolve()
 
 
-def registry_url() -> str:
-    """ZOO_REGISTRY: a SQLAlchemy URL or a file path; the shipped registry.db by default."""
-    value = os.environ.get("ZOO_REGISTRY", "").strip()
+def registry_url(value: str | os.PathLike | None = None) -> str:
+    """A registry's SQLAlchemy URL from a URL or a file path; without one, ZOO_REGISTRY, else the shipped registry.db."""
+    value = str(value if value is not None else os.environ.get("ZOO_REGISTRY", "")).strip()
     if not value:
         return f"sqlite:///{DEFAULT_REGISTRY}"
     return value if "://" in value else f"sqlite:///{Path(value).expanduser().resolve()}"
@@ -23,8 +23,17 @@ def trusted_modules() -> set[str]:
 
 def lock_timeout_s() -> float:
     """ZOO_LOCK_TIMEOUT: seconds a writer waits for another writer's lock on a SQLite registry (default 60)."""
+    import math
+
+    from zoo.errors import InvalidArgument
+
     value = os.environ.get("ZOO_LOCK_TIMEOUT", "").strip()
-    try:
-        return max(float(value), 0.0) if value else 60.0
-    except ValueError:
+    if not value:
         return 60.0
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = math.nan
+    if not math.isfinite(seconds) or not 0 <= seconds <= 86_400:
+        raise InvalidArgument(f"ZOO_LOCK_TIMEOUT is a number of seconds from 0 to 86400, not {value!r}")
+    return seconds

@@ -79,14 +79,22 @@ def _analyze(module, spec) -> dict:
 CONSTRUCTOR_TAG = "constructor"
 
 
+def is_constructor_tag(tag: str) -> bool:
+    """The tags the indexer gives files a constructor reads itself: "constructor", "constructor-2", ..."""
+    head, _, number = tag.partition("-")
+    return head == CONSTRUCTOR_TAG and (not number or number.isdigit())
+
+
 def save(url: str, record: dict, table, replace: bool = False) -> None:
     """One model, one transaction: a crash leaves it either fully there or not at all. Weights files
-    its constructor read itself are recorded as tags "constructor", "constructor-2", ... with their sha256."""
+    its constructor read itself are recorded as tags "constructor", "constructor-2", ... with their sha256
+    (replacing those of an earlier build)."""
     from zoo.weights.digest import digest
 
     shipped = [(path, *digest(path)) for path in record.get("constructor_files", ())]
     with db.session(url, write=True) as s, s.begin():
         store.write_model(s, record, table, replace)
+        store.drop_weights(s, record["name"], [t for t in store.weights_tags(s, record["name"]) if is_constructor_tag(t)])
         for i, (path, sha256, nbytes) in enumerate(shipped):
             store.add_weights(s, record["name"], CONSTRUCTOR_TAG + (f"-{i + 1}" if i else ""), path, sha256, nbytes)
 
@@ -179,6 +187,9 @@ def index_one(url: str, name: str, recipe: Recipe, trusted: set[str] | None = No
     from zoo.build import vetted
 
     vetted(recipe, trusted)
+    if db.exists(url):  # a name taken by another model is refused before anything is built or written
+        with db.session(url) as s:
+            store.check_replace(s, name, recipe.family, recipe.builder, force)
     db.open_registry(url, write=True, create=True)
     record, table = record_of(name, recipe, trusted)
     save(url, record, table, replace=force)
@@ -189,8 +200,8 @@ def index_checkpoint(url: str, path: str, name: str, force: bool = False) -> dic
     """Record a weights file's tensors, from its header or a meta-loaded pickle; no data is read."""
     from zoo.families.checkpoint import read_tensors
 
+    table = read_tensors(path)  # a file zoo cannot read is refused before the registry is touched
     db.open_registry(url, write=True, create=True)
-    table = read_tensors(path)
     recipe = Recipe("checkpoint", os.path.abspath(path))
     stat = os.stat(path)
     unique = [t for t in table if t.tied_to is None]

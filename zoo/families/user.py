@@ -25,6 +25,9 @@ def split(builder: str) -> tuple[str, str]:
 def check(builder: str, kwargs: dict, trusted: set[str] | None = None) -> None:
     module, _ = split(builder)
     top = module.split(".")[0]
+    if top in ("__main__", "zoo"):
+        raise UntrustedBuilder(f"builder {builder!r} is zoo itself or the running program: name a function of your "
+                               f"own package, e.g. mypkg.models:build_net")
     if top in sys.stdlib_module_names or top in sys.builtin_module_names:
         raise UntrustedBuilder(f"builder {builder!r} is from Python's standard library, which builds no models "
                                f"(and os:system or builtins:exec would run anything): name a function of your "
@@ -38,21 +41,18 @@ def check(builder: str, kwargs: dict, trusted: set[str] | None = None) -> None:
 
 
 def build(builder: str, kwargs: dict):
+    """The builder's module is imported, and its function runs, with the current directory on the path:
+    a package in the directory zoo runs from needs no PYTHONPATH (it must still be trusted, above). The
+    directory goes last, so it never shadows an installed package."""
     module, function = split(builder)
-    return getattr(_import(module), function)(**kwargs)
-
-
-def _import(module: str):
-    """Import the builder's module with the current directory on the path, as `python -m` has it: a
-    package in the directory zoo runs from needs no PYTHONPATH (it must still be trusted, above)."""
     cwd = os.getcwd()
     added = cwd not in sys.path
     if added:
-        sys.path.insert(0, cwd)
+        sys.path.append(cwd)
     try:
-        return importlib.import_module(module)
+        return getattr(importlib.import_module(module), function)(**kwargs)
     finally:
-        if added:
+        if added and cwd in sys.path:
             sys.path.remove(cwd)
 
 

@@ -20,9 +20,17 @@ MIGRATIONS = next((d for d in (_PACKAGE / "migrations", _PACKAGE.parent / "migra
 
 
 def _sqlite_path(url: str) -> Path | None:
-    if url.startswith("sqlite:///") and url != "sqlite:///:memory:":
-        return Path(url.removeprefix("sqlite:///"))
-    return None
+    """The file of a SQLite registry URL (query options such as ?mode=ro aside); None for a server or memory."""
+    from sqlalchemy.engine import make_url
+
+    try:
+        parsed = make_url(url)
+    except (exc.ArgumentError, ValueError):
+        return None
+    database = parsed.database
+    if not parsed.drivername.startswith("sqlite") or not database or database == ":memory:":
+        return None
+    return Path(database.removeprefix("file:"))
 
 
 def masked(url: str) -> str:
@@ -31,8 +39,8 @@ def masked(url: str) -> str:
 
     try:
         return make_url(url).render_as_string(hide_password=True)
-    except exc.ArgumentError:
-        return url
+    except (exc.ArgumentError, ValueError):  # unparsable (a port that is no number): keep no credentials
+        return url.split("://", 1)[0] + "://***" if "@" in url else url
 
 
 def exists(url: str) -> bool:
@@ -61,14 +69,10 @@ def translated(url: str):
         yield
     except ZooError:
         raise
-    except ImportError as e:  # create_engine of a server URL whose driver is not installed
-        raise RegistryError(f"{masked(url)}: its database driver is not installed ({e}); for PostgreSQL: "
-                            f"pip install 'zoo[postgres]'") from None
-    except (exc.NoSuchModuleError, exc.ArgumentError) as e:
-        raise RegistryError(f"{masked(url)}: not a registry URL zoo can open ({e}); give a file path, "
-                            f"sqlite:///PATH or a server URL such as postgresql+psycopg://USER@HOST/DB") from None
+    except OSError as e:  # the file system's own refusal: a name too long, a folder without permission
+        raise RegistryError(f"the registry at {masked(url)} cannot be opened ({e})") from None
     except exc.DBAPIError as e:
-        detail = str(e.orig).splitlines()[0] if e.orig is not None else str(e).splitlines()[0]
+        detail = (str(e.orig) if e.orig is not None else str(e)).strip().split("\n")[0]
         meaning = next((m.format(timeout=lock_timeout_s()) for key, m in _MEANINGS if key in detail), None)
         if meaning is None and _sqlite_path(url) is None and isinstance(e, exc.OperationalError):
             meaning = "cannot be reached: check that the server is running and the URL (host, port, user, database)"
@@ -103,8 +107,14 @@ def engine(url: str, write: bool = False) -> Engine:
     begins (BEGIN IMMEDIATE), so two indexers queue on the busy timeout instead of failing on upgrade."""
     if (url, write) in _engines:
         return _engines[(url, write)]
-    with translated(url):
+    try:
         eng = create_engine(url)
+    except ImportError as e:  # a server URL whose driver is not installed
+        raise RegistryError(f"{masked(url)}: its database driver is not installed ({e}); for PostgreSQL: "
+                            f"pip install 'zoo[postgres]'") from None
+    except (exc.ArgumentError, ValueError) as e:  # an unknown dialect, a port that is no number, ...
+        raise RegistryError(f"{masked(url)}: not a registry URL zoo can open ({masked(str(e))}); give a file path, "
+                            f"sqlite:///PATH or a server URL such as postgresql+psycopg://USER@HOST/DB") from None
     if eng.dialect.name == "sqlite":
         @event.listens_for(eng, "connect")
         def _connect(dbapi_connection, _record):
@@ -133,6 +143,14 @@ def current_revision(eng: Engine) -> str | None:
         if not inspect(conn).has_table("alembic_version"):
             return None
         return conn.execute(text("SELECT version_num FROM alembic_version")).scalar()
+
+
+def revision_of(url: str) -> str | None:
+    """The schema revision of a registry (None: an empty database); a missing file is RegistryNotFound."""
+    path = _sqlite_path(url)
+    if path is not None and not path.exists():
+        raise RegistryNotFound(f"no registry at {path}")
+    return current_revision(engine(url))
 
 
 def known_revisions() -> list[str]:
@@ -195,14 +213,21 @@ def alembic_config(url: str):
 
 
 def upgrade(url: str, revision: str = "head") -> None:
-    """Bring the schema to `revision` through the alembic migrations, the only way it changes
-    (a new SQLite file is created); a registry from a newer zoo is refused, not touched."""
+    """Bring the schema to `revision` through the alembic migrations, the only way it changes (a new
+    SQLite file is created). A registry from a newer zoo, a database of something else and an unknown
+    revision are refused before anything is written."""
     from alembic import command
 
+    known = known_revisions()
+    if revision != "head" and revision not in known:
+        raise SchemaOutdated(f"no schema revision {revision!r}: this zoo knows {', '.join(known)} (or head)")
     with translated(url):
-        current = current_revision(engine(url))
-        if current is not None and current not in known_revisions():
+        reader = engine(url)
+        current = current_revision(reader)
+        if current is not None and current not in known:
             _refuse(url, current)
+        if current is None and inspect(reader).get_table_names():
+            _refuse(url, None)  # another program's database: zoo adds no tables to it
         cfg = alembic_config(url)
         with engine(url, write=True).connect() as conn:
             cfg.attributes["connection"] = conn

@@ -57,6 +57,16 @@ def weights_entry(session: Session, name: str, tag: str) -> Weights | None:
                           .where(Model.name == name, Weights.tag == tag))
 
 
+def drop_weights(session: Session, name: str, tags) -> None:
+    row = resolve(session, name)
+    session.execute(delete(Weights).where(Weights.model_id == row.id, Weights.tag.in_(list(tags))))
+
+
+def weights_tags(session: Session, name: str) -> list[str]:
+    return list(session.scalars(select(Weights.tag).join(Model, Weights.model_id == Model.id)
+                                .where(Model.name == name).order_by(Weights.tag)))
+
+
 def add_weights(session: Session, name: str, tag: str, path: str, sha256: str, nbytes: int) -> None:
     row = resolve(session, name)
     session.execute(delete(Weights).where(Weights.model_id == row.id, Weights.tag == tag))
@@ -69,18 +79,27 @@ def ok_hash_of(session: Session, name: str) -> str | None:
     return session.scalar(select(Model.source_hash).where(Model.name == name, Model.status == "ok"))
 
 
+def check_replace(session: Session, name: str, family: str, builder: str, replace: bool = False) -> None:
+    """Refuse (ModelExists) to put a model of another family or builder under a name that holds one,
+    unless replace: a name is never taken over silently."""
+    row = session.scalar(select(Model).where(Model.name == name))
+    if row is None or (row.family, row.builder) == (family, builder) or replace:
+        return
+    tags = session.scalars(select(Weights.tag).where(Weights.model_id == row.id)).all()
+    raise ModelExists(f"{row.name} is already a {row.family} model (builder {row.builder}); indexing {family} "
+                      f"builder {builder} would replace it" + (f" and drop its weights tags {', '.join(tags)}"
+                                                               if tags else "")
+                      + ": choose another --name, or pass --force to replace it")
+
+
 def write_model(session: Session, record: dict, tensor_table, replace: bool = False) -> None:
     """Insert one model, or update its row in place (its recorded weights stay), with its tensors, in the
-    current transaction. A row of another family or builder is replaced only with replace=True."""
+    current transaction. A row of another family or builder is replaced only with replace=True, and
+    then its weights tags go with it: they were another model's files."""
+    check_replace(session, record["name"], record["family"], record["builder"], replace)
     row = session.scalar(select(Model).where(Model.name == record["name"]))
-    if row is not None and (row.family, row.builder) != (record["family"], record["builder"]) and not replace:
-        tags = session.scalars(select(Weights.tag).where(Weights.model_id == row.id)).all()
-        raise ModelExists(f"{row.name} is already a {row.family} model (builder {row.builder}); indexing "
-                          f"{record['family']} builder {record['builder']} would replace it"
-                          + (f" and drop its weights tags {', '.join(tags)}" if tags else "")
-                          + ": choose another --name, or pass --force to replace it")
-    if row is not None and row.family != record["family"]:
-        session.execute(delete(Weights).where(Weights.model_id == row.id))  # another model's files
+    if row is not None and (row.family, row.builder) != (record["family"], record["builder"]):
+        session.execute(delete(Weights).where(Weights.model_id == row.id))
     values = {c.name: record.get(c.name, c.default) for c in COLUMNS}  # a failed build clears the old figures
     values.update(short=short_name(record["name"]), indexed_at=datetime.now(timezone.utc).replace(tzinfo=None))
     if row is None:
