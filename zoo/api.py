@@ -57,6 +57,10 @@ class Zoo:
         if dtype is not None and weights is None and device is None:
             raise InvalidArgument("dtype applies when the model is materialized: give device= or weights= too, "
                                   "or call .materialize(dtype=...) on the module")
+        if dtype is not None:  # refused now, not at a lazy load's first forward
+            from zoo.inspection import float_dtype
+
+            float_dtype(dtype)
         module = self._get_meta(name, overrides)
         if weights is None and device is None:
             return module
@@ -132,10 +136,12 @@ class Zoo:
 
         from zoo.weights.digest import digest
 
+        result = self.check(name, Path(path))  # a Path is never a tag; checked first: resolve() crashes on a loop
         path = Path(path).resolve()
-        result = self.check(name, path)
-        if result.misshaped or (strict and (result.missing or result.unexpected)):
-            raise WeightsMismatch(result.missing, result.unexpected, result.misshaped)
+        nothing = not result.matched and result.missing  # strict=False must not record an unrelated file
+        if result.misshaped or (strict and (result.missing or result.unexpected)) or nothing:
+            raise WeightsMismatch(result.missing, result.unexpected, result.misshaped,
+                                  "not one key matches: wrong file, or a different model?" if nothing else "")
         sha256, nbytes = digest(path)
         with db.session(self.url, write=True) as s, s.begin():
             store.add_weights(s, name, tag, str(path), sha256, nbytes)
@@ -216,20 +222,20 @@ class Zoo:
 
 class _Materializer:
     """A gotten module's .materialize(device="cpu", weights=None, dtype=None, strict=True, key_map=None,
-    copy=True, cast_non_persistent=False) (see zoo.materialize.materialize); `weights` may also be a tag
-    recorded for the model or hf://ORG/NAME. An object, not a closure, so that the module pickles."""
+    copy=True, cast_non_persistent=False, reinit=False) (see zoo.materialize.materialize); `weights` may
+    also be a tag recorded for the model or hf://ORG/NAME. An object, not a closure, so that the module pickles."""
 
     def __init__(self, module, url: str, name: str):
         self.module, self.url, self.name = module, url, name
 
     def __call__(self, device="cpu", weights=None, dtype=None, strict=True, key_map=None, copy=True,
-                 cast_non_persistent=False):
+                 cast_non_persistent=False, reinit=False):
         from zoo.materialize import materialize
 
         weights = Zoo(self.url).weights_path(self.name, weights)
         return materialize(self.module, device=device, weights=weights, dtype=dtype, strict=strict, key_map=key_map,
                            copy=copy, cast_non_persistent=cast_non_persistent,
-                           recipe=self.module.__dict__.get("_zoo_recipe"))
+                           recipe=self.module.__dict__.get("_zoo_recipe"), reinit=reinit)
 
 
 class _LoadOnFirstCall:
