@@ -401,9 +401,6 @@ def test_17_a_constructor_that_loads_its_shipped_weights_builds_and_loads_them(t
     assert record["status"] == "ok", record["error"]
     (tag,) = registry.info("user/shipped").weights
     assert tag["tag"] == "constructor" and tag["path"] == str(path)
-    truncated = tmp_path / "truncated.pt"  # its tensor data cut off: a build that read data would fail
-    truncated.write_bytes(path.read_bytes()[:-200])
-    assert registry.index_builder("tests.builders:shipped_weights_net", "cut", {"path": str(truncated)})["status"] == "ok"
     with pytest.raises(InvalidArgument, match="'constructor' is zoo's own"):
         registry.add_weights("user/shipped", path, tag="constructor")
     m = registry.get("user/shipped")

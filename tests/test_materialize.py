@@ -257,12 +257,29 @@ def test_a_lying_safetensors_header_is_a_clear_error(tmp_path, lie, message):
     assert _still_meta(net)
 
 
+def _mappings_of(path) -> list[tuple[int, int]]:
+    """The address ranges at which `path` is mapped into this process (Linux: /proc/self/maps)."""
+    real, ranges = os.path.realpath(path), []
+    with open("/proc/self/maps") as maps:
+        for line in maps:
+            fields = line.split(maxsplit=5)
+            if len(fields) == 6 and fields[5].rstrip("\n") == real:
+                start, end = (int(x, 16) for x in fields[0].split("-"))
+                ranges.append((start, end))
+    return ranges
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/maps"), reason="reads the process's mappings from /proc")
 def test_zero_copy_views_of_the_mapped_file(zoo_at, tmp_path):
     eager = eager_model("timm/resnet18")
     path = save(tmp_path, eager)
     before = open(path, "rb").read()
     m = zoo_at.get("timm/resnet18").materialize(weights=path, copy=False)
     assert_same_model(m, eager, "timm/resnet18")
+    mapped = _mappings_of(path)
+    assert mapped, "the weights file is not mapped"
+    for name, t in m.state_dict().items():  # each value lies inside the file's mapping: not a copy
+        assert any(start <= t.data_ptr() and t.data_ptr() + t.nbytes <= end for start, end in mapped), name
     with torch.no_grad():
         m.fc.weight.zero_()  # copy-on-write: the file never changes
     assert open(path, "rb").read() == before

@@ -70,6 +70,10 @@ class Zoo:
         if dtype is not None and weights is None and device is None:
             raise InvalidArgument("dtype applies when the model is materialized: give device= or weights= too, "
                                   "or call .materialize(dtype=...) on the module")
+        if dtype is not None:  # refused now, not at a lazy load's first forward
+            from zoo.inspection import float_dtype
+
+            float_dtype(dtype)
         module = self._get_meta(name, overrides)
         if weights is None and device is None:
             return module
@@ -141,18 +145,19 @@ class Zoo:
 
     def add_weights(self, name: str, path, tag: str = "default", strict: bool = True) -> str:
         """Record a weights file for a model under a tag, with its sha256, once it fits the model; returns the sha256."""
-        from zoo.weights.digest import digest
-
         from zoo.indexer import is_constructor_tag
+        from zoo.weights.digest import digest
 
         if (not isinstance(tag, str) or not tag.strip() or len(tag) > 64 or "/" in tag or tag.startswith("hf:")
                 or is_constructor_tag(tag)):
             raise InvalidArgument(f"a weights tag is a name of 1 to 64 characters without '/', such as 'default' "
                                   f"or 'v1.0' ('constructor' is zoo's own), not {tag!r}")
+        result = self.check(name, Path(path))  # a Path is never a tag; checked first: resolve() crashes on a loop
         path = Path(path).resolve()
-        result = self.check(name, path)
-        if result.misshaped or (strict and (result.missing or result.unexpected)):
-            raise WeightsMismatch(result.missing, result.unexpected, result.misshaped)
+        nothing = not result.matched and result.missing  # strict=False must not record an unrelated file
+        if result.misshaped or (strict and (result.missing or result.unexpected)) or nothing:
+            raise WeightsMismatch(result.missing, result.unexpected, result.misshaped,
+                                  "not one key matches: wrong file, or a different model?" if nothing else "")
         sha256, nbytes = digest(path)
         with db.session(self.url, write=True) as s, s.begin():
             store.add_weights(s, name, tag, str(path), sha256, nbytes)
@@ -253,16 +258,16 @@ class Zoo:
 
 class _Materializer:
     """A gotten module's .materialize(device="cpu", weights=None, dtype=None, strict=True, key_map=None,
-    copy=True, cast_non_persistent=False) (see zoo.materialize.materialize); `weights` may also be a tag
-    recorded for the model, hf://ORG/NAME, or "constructor" for a model whose constructor loads weights
-    files it ships (checked by sha256, then loaded by the constructor itself). An object, not a closure,
-    so that the module pickles."""
+    copy=True, cast_non_persistent=False, reinit=False) (see zoo.materialize.materialize); `weights` may
+    also be a tag recorded for the model, hf://ORG/NAME, or "constructor" for a model whose constructor loads
+    weights files it ships (checked by sha256, then loaded by the constructor itself). An object, not a
+    closure, so that the module pickles."""
 
     def __init__(self, module, url: str, name: str):
         self.module, self.url, self.name = module, url, name
 
     def __call__(self, device="cpu", weights=None, dtype=None, strict=True, key_map=None, copy=True,
-                 cast_non_persistent=False):
+                 cast_non_persistent=False, reinit=False):
         from zoo.indexer import CONSTRUCTOR_TAG
         from zoo.materialize import materialize
 
@@ -273,7 +278,7 @@ class _Materializer:
             weights = registry.weights_path(self.name, weights)
         return materialize(self.module, device=device, weights=weights, dtype=dtype, strict=strict, key_map=key_map,
                            copy=copy, cast_non_persistent=cast_non_persistent,
-                           recipe=self.module.__dict__.get("_zoo_recipe"))
+                           recipe=self.module.__dict__.get("_zoo_recipe"), reinit=reinit)
 
 
 class _LoadOnFirstCall:

@@ -4,23 +4,20 @@ Nothing touches the module until every new tensor is filled: a corrupt file, a m
 out-of-memory leaves it exactly as it was, on meta, and the new memory is freed.
 """
 
-import math
 import mmap
-import os
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import torch
 from torch import nn
 
 from zoo.errors import InvalidArgument, MaterializeError, WeightsMismatch
-from zoo.inspection import dtype_name, named_tensors
+from zoo.inspection import dtype_name, float_dtype, named_tensors
 from zoo.meta import value_of
 from zoo.weights.fit import Target, fit
 from zoo.weights.sources import SafetensorsSource, Source, open_source
+from zoo.weights.arena import allocate, parallel
 from zoo.weights.stream import stream_into
 
-_ALIGN = 64
 STREAMED = ("cuda",)  # device types that safetensors files stream onto through a ring of pinned buffers
 
 
@@ -98,28 +95,34 @@ def _like(old: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
                               stride=old.stride())
 
 
-def materialize(module: nn.Module, device="cpu", weights=None, dtype: torch.dtype | None = None,
+def materialize(module: nn.Module, device="cpu", weights=None, dtype: torch.dtype | str | None = None,
                 strict: bool = True, key_map=None, copy: bool = True, cast_non_persistent: bool = False,
-                recipe=None) -> nn.Module:
+                recipe=None, reinit: bool = False) -> nn.Module:
     """Allocate `module`'s meta tensors on `device` and fill them, in place; returns module.
 
-    weights: a .safetensors file, a sharded checkpoint (directory or *.safetensors.index.json),
-    a torch pickle (.pt/.pth/.bin, read with weights_only=True and mmap=True) or a state dict.
-    None initializes the model as its own constructor does (needs the recipe zoo.get attaches).
-    dtype casts parameters and floating persistent buffers; integer buffers never, floating
-    non-persistent ones (RoPE frequencies) only with cast_non_persistent. strict=False allows
-    missing and unexpected keys (missing ones get the constructor's values), never a misshaped
-    one. key_map maps checkpoint keys to module keys (a dict or a function; None drops a key).
-    copy=False on CPU makes parameters views of the memory-mapped safetensors file where the
-    dtype and alignment allow (copy-on-write: the file is never changed). Anywhere else there is no
-    file to view, so copy=False on another device is refused (InvalidArgument), not ignored.
-    On CUDA a safetensors file streams through a few reusable pinned buffers, copied asynchronously on
-    a stream of its own while the next ones are read; dtype casts run on the GPU; the call returns
-    when every copy is done.
+    weights: a .safetensors file, a sharded checkpoint (directory or *.safetensors.index.json), a
+    torch pickle (.pt/.pth/.bin/.ckpt, weights_only=True; memory-mapped unless legacy non-zip), a
+    state dict, or a zoo.weights.sources.Source. None initializes the model as its own constructor
+    does (needs the recipe zoo.get attaches); on a module that already holds values (a parameter
+    not on meta) that would discard them, so it is refused unless reinit=True.
+    dtype (a floating torch dtype or its name: "bfloat16", "bf16", "fp16", ...) casts parameters and
+    floating persistent buffers; integer buffers never, floating non-persistent ones (RoPE
+    frequencies) only with cast_non_persistent. strict=False allows missing and unexpected keys
+    (missing ones get the constructor's values), never a misshaped one, nor a checkpoint of which
+    not one key matches. key_map maps checkpoint keys to module keys (a dict or a function; None
+    drops a key). copy=False on CPU makes parameters views of the memory-mapped safetensors file
+    where the dtype and alignment allow (copy-on-write: the file is never changed). Anywhere else
+    there is no file to view, so copy=False on another device is refused (InvalidArgument).
+    On CUDA a safetensors file streams through a few reusable pinned buffers, copied asynchronously
+    on a stream of its own while the next ones are read; dtype casts run on the GPU; the call
+    returns when every copy is done.
     Parameters that FSDP2's fully_shard made DTensors get this rank's rows only, read from the file
     (on CUDA, onto the rank's current device when device="cuda" names none).
+    Arguments, keys, shapes and headers are checked before anything is allocated; a failure after
+    that leaves the module exactly as it was.
     """
-    device = torch.device(device)
+    # an integer dtype would fail in the swap (an integer parameter cannot require grad): refused first
+    device, dtype = _device(device), None if dtype is None else float_dtype(dtype)
     if not copy and device.type != "cpu":
         raise InvalidArgument(f"copy=False makes tensors views of the file mapped in CPU memory; on {device} they "
                               f"are always copied: leave copy=True (the default)")
@@ -127,6 +130,12 @@ def materialize(module: nn.Module, device="cpu", weights=None, dtype: torch.dtyp
         device = torch.device("cuda", torch.cuda.current_device())  # each rank's own, as set_device chose
     recipe = recipe if recipe is not None else module.__dict__.get("_zoo_recipe")
     slots = slots_of(module)
+    if reinit and weights is not None:
+        raise InvalidArgument("reinit=True re-initializes from the constructor: it takes no weights")
+    held = [s.name for s in slots if s.is_param and not s.tensor.is_meta] if weights is None else []
+    if held and not reinit:
+        raise MaterializeError(f"the module already holds values ({_names(held)}); materialize() without weights "
+                               f"would re-initialize them: pass reinit=True to do that, or weights=")
     try:
         if weights is None:
             _initialize(slots, device, recipe)
@@ -139,14 +148,33 @@ def materialize(module: nn.Module, device="cpu", weights=None, dtype: torch.dtyp
             if slot.new.device != device or slot.new.dtype != want:
                 slot.new = slot.new.to(device=device, dtype=want)
             slot.new = _like(slot.tensor, slot.new)
+            if slot.is_param and slot.new is not slot.tensor:  # made here: it can fail, the swap must not
+                slot.new = nn.Parameter(slot.new, requires_grad=slot.tensor.requires_grad)
         plain = _plain_tensor_values(module, device, recipe)
     except BaseException:
         for slot in slots:
             slot.new = None  # drop every new tensor: the module was never touched
         raise
     _commit(slots)
-    _assign_plain(plain)
+    for mod, attr, value in plain:
+        mod.__dict__[attr] = value
     return module
+
+
+def _device(device) -> torch.device:
+    """The device, tried with an empty tensor: an absent backend or device index fails here, not halfway."""
+    try:
+        device = torch.device(device)
+        torch.empty(0, device=device)
+    except Exception as e:
+        raise InvalidArgument(f"device {str(device)!r} cannot be used: {' '.join(str(e).split())[:200]}") from None
+    if device.type == "meta":
+        raise InvalidArgument("device='meta': the module is on meta already; materialize onto 'cpu', 'cuda', ...")
+    return device
+
+
+def _names(names: list[str], n: int = 5) -> str:
+    return ", ".join(names[:n]) + (f" and {len(names) - n} more" if len(names) > n else "")
 
 
 def _plain_tensors(module: nn.Module):
@@ -180,24 +208,18 @@ def _plain_tensor_values(module, device, recipe) -> list:
         if recipe is None:
             raise MaterializeError("plain tensor attributes have no known value and there is no recipe to rebuild them")
         eager = dict(build_real(recipe, "cpu").named_modules())
-        values = [v if v is not None else _attribute(eager[prefix], attr, i)
+        values = [v if v is not None else getattr(eager[prefix], attr) if i is None else getattr(eager[prefix], attr)[i]
                   for v, (prefix, _, attr, i, _) in zip(values, found)]
-    return [(mod, attr, i, value.to(device=device, copy=True)) for (_, mod, attr, i, _), value in zip(found, values)]
-
-
-def _assign_plain(plain) -> None:
-    for mod, attr, i, value in plain:
-        if i is None:
-            mod.__dict__[attr] = value
-        else:
-            items = list(getattr(mod, attr))
-            items[i] = value
-            mod.__dict__[attr] = type(getattr(mod, attr))(items)
-
-
-def _attribute(mod, attr, index):
-    value = getattr(mod, attr)
-    return value if index is None else value[index]
+    # (module, attribute, value): a tensor, or the rebuilt list or tuple, made now so that assigning cannot fail
+    new = {}
+    for (_, mod, attr, i, _), value in zip(found, values):
+        value = value.to(device=device, copy=True)
+        if i is not None:
+            items = new.get((id(mod), attr), (mod, attr, list(getattr(mod, attr))))[2]
+            items[i], value = value, items
+        new[id(mod), attr] = (mod, attr, value)
+    return [(mod, attr, value if isinstance(value, torch.Tensor) else type(getattr(mod, attr))(value))
+            for mod, attr, value in new.values()]
 
 
 def _target_dtype(slot: Slot, dtype, cast_non_persistent: bool) -> torch.dtype:
@@ -218,12 +240,17 @@ def check_fit(slots: list[Slot], specs: dict, strict: bool, key_map=None) -> dic
         hint = "strict=False allows missing and unexpected keys" if not result.misshaped and strict else ""
         raise WeightsMismatch(result.missing if strict else [], result.unexpected if strict else [],
                               result.misshaped, hint)
+    if not result.matched and result.missing:  # strict=False would initialize everything: surely not meant
+        raise WeightsMismatch(result.missing, result.unexpected, [], "not one key matches: wrong file, or give "
+                              "a key_map")
     return {key: slots[i] for key, i in result.matched.items()}
 
 
 def _load(slots, source: Source, device, dtype, strict, key_map, copy, cast_non_persistent, recipe) -> None:
     plan = check_fit(slots, source.specs, strict, key_map)
     loaded = {id(s) for s in plan.values()}
+    missing = [s for s in slots if s.persistent and s.tensor.is_meta and id(s) not in loaded]
+    constructed = _constructed(missing, recipe) if missing else {}  # refused now, before allocating
     for slot in slots:  # tensors made real inside zoo.meta.real() are moved, not wiped
         if not slot.tensor.is_meta and id(slot) not in loaded:
             slot.new = slot.tensor.to(device)
@@ -234,11 +261,10 @@ def _load(slots, source: Source, device, dtype, strict, key_map, copy, cast_non_
     if device.type in STREAMED and isinstance(source, SafetensorsSource):
         stream_into([(key, slot.new, slot.rows) for key, slot in jobs], source, device)
     else:
-        _parallel(lambda job: source.read_into(job[0], job[1].new, job[1].rows), jobs,
+        parallel(lambda job: source.read_into(job[0], job[1].new, job[1].rows), jobs,
                   lambda job: job[1].new.nbytes)
-    missing = [s for s in slots if s.new is None and s.persistent]
     if missing:  # strict=False: the constructor's own values, as if these keys were never asked for
-        _from_constructor(missing, device, recipe)
+        _from_constructor(missing, device, recipe, constructed)
 
 
 def _allocate_slots(slots, device, dtype, cast_non_persistent) -> None:
@@ -266,42 +292,6 @@ def _map_file_views(plan, source: SafetensorsSource, dtype, cast_non_persistent)
     return rest
 
 
-def allocate(shapes: list[tuple[tuple[int, ...], torch.dtype]], device: torch.device) -> list[torch.Tensor]:
-    """Empty tensors for a load. On CPU they are views of one anonymous mapping with transparent huge
-    pages: first-touch page faults, not the disk, bound a load from the page cache."""
-    if device.type != "cpu":
-        return [torch.empty(shape, dtype=dt, device=device) for shape, dt in shapes]
-    offsets, total = [], 0
-    for shape, dt in shapes:
-        offsets.append(total)
-        total += (math.prod(shape) * dt.itemsize + _ALIGN - 1) // _ALIGN * _ALIGN
-    if total == 0:
-        return [torch.empty(shape, dtype=dt) for shape, dt in shapes]
-    arena = mmap.mmap(-1, total)
-    if hasattr(mmap, "MADV_HUGEPAGE"):
-        arena.madvise(mmap.MADV_HUGEPAGE)
-    flat = torch.frombuffer(arena, dtype=torch.uint8)  # keeps the mapping alive as long as any view
-    return [flat[o:o + math.prod(shape) * dt.itemsize].view(dt).view(shape) for o, (shape, dt) in zip(offsets, shapes)]
-
-
-def _parallel(fn, jobs, weight) -> None:
-    """Run fn over jobs on a few threads, balanced by bytes: reads and copies release the GIL."""
-    workers = min(len(jobs), os.cpu_count() or 1, 8)
-    if workers <= 1:
-        for job in jobs:
-            fn(job)
-        return
-    groups = [[] for _ in range(workers)]
-    loads = [0] * workers
-    for job in sorted(jobs, key=weight, reverse=True):
-        i = loads.index(min(loads))
-        groups[i].append(job)
-        loads[i] += weight(job)
-    with ThreadPoolExecutor(workers) as pool:
-        for result in [pool.submit(lambda g: [fn(j) for j in g], g) for g in groups]:
-            result.result()
-
-
 # --- values nobody loads: non-persistent buffers, initialization -----------------------------
 
 def _fill_non_persistent(slots, device, recipe) -> None:
@@ -319,19 +309,34 @@ def _fill_non_persistent(slots, device, recipe) -> None:
         _from_constructor(unknown, device, recipe, meta_first=True)
 
 
-def _from_constructor(todo: list[Slot], device, recipe, meta_first: bool = False) -> None:
-    """Values from the model's constructor: a meta rebuild that keeps all constructed values when
-    that suffices (buffers), else an eager build on CPU (random init)."""
-    from zoo.build import build_meta, build_real
+def _constructed(todo: list[Slot], recipe) -> dict[str, Slot]:
+    """The slots of a meta rebuild that keeps every constructed value, by name. Refuses, before
+    anything is allocated, a module without a recipe, or tensors its constructor does not make (a
+    submodule added after zoo.get): nothing could give them values."""
+    from zoo.build import build_meta
 
     if recipe is None:
-        raise MaterializeError(f"no value for {', '.join(s.name for s in todo[:5])}: they are in no checkpoint, "
-                               f"and this module has no recipe to rebuild them (get it with zoo.get)")
+        raise MaterializeError(f"no value for {_names([s.name for s in todo])}: they are in no checkpoint, and "
+                               f"this module has no recipe to rebuild them (get it with zoo.get)")
+    with torch.random.fork_rng(devices=[]):  # the caller's RNG state is for the constructor's own init
+        built = {name: s for s in slots_of(build_meta(recipe, keep_all_values=True)) for name in s.names}
+    unknown = [s.name for s in todo if s.name not in built]
+    if unknown:
+        raise MaterializeError(f"no value for {_names(unknown)}: the model's constructor does not make them (added "
+                               f"after zoo.get?) and the weights do not hold them; load them from weights, or "
+                               f"materialize that submodule yourself (to_empty, then initialize it)")
+    return built
+
+
+def _from_constructor(todo: list[Slot], device, recipe, built=None, meta_first: bool = False) -> None:
+    """Values from the model's constructor: a meta rebuild that keeps all constructed values when
+    that suffices (buffers), else an eager build on CPU (random init)."""
+    from zoo.build import build_real
+
+    built = built or _constructed(todo, recipe)
     if meta_first:
-        values = {s.name: s for s in slots_of(build_meta(recipe, keep_all_values=True))}
         for slot in todo:
-            found = values.get(slot.name)
-            value = value_of(found.tensor) if found is not None else None
+            value = value_of(built[slot.name].tensor)
             if value is not None:
                 slot.new = value.to(device=device, copy=True)
         todo = [s for s in todo if s.new is None]
@@ -349,19 +354,30 @@ def _initialize(slots, device, recipe) -> None:
 
     if recipe is None:
         raise MaterializeError("initializing without weights needs the model's recipe: get the module with zoo.get")
+    _constructed(slots, recipe)  # every tensor is one the constructor makes, checked on meta first
     eager = {s.name: s.tensor for s in slots_of(build_real(recipe, device))}
     for slot in slots:
         slot.new = slot.local(eager[slot.name].detach())
 
 
 def _commit(slots) -> None:
-    """Swap the new tensors in. Parameters keep their identity (hooks, optimizers, FSDP hold them)."""
+    """Swap the new tensors in. Parameters keep their identity (hooks, optimizers, FSDP hold them).
+    torch can still refuse a swap (a parameter with a weakref to it): then the ones already swapped
+    are swapped back, and the module is as it was."""
+    swapped = []
     for slot in slots:
-        new = slot.new
-        slot.new = None
-        if slot.is_param:
-            if new is not slot.tensor:
-                torch.utils.swap_tensors(slot.tensor, nn.Parameter(new, requires_grad=slot.tensor.requires_grad))
-        else:
+        if slot.is_param and slot.new is not slot.tensor:
+            try:
+                torch.utils.swap_tensors(slot.tensor, slot.new)
+            except Exception as e:
+                for done in reversed(swapped):
+                    torch.utils.swap_tensors(done.tensor, done.new)
+                for s in slots:
+                    s.new = None
+                raise MaterializeError(f"cannot swap {slot.name} in place ({e}); nothing was changed") from e
+            swapped.append(slot)
+    for slot in slots:
+        if not slot.is_param:
             for mod, local in slot.owners:
-                mod._buffers[local] = new
+                mod._buffers[local] = slot.new
+        slot.new = None

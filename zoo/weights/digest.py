@@ -4,6 +4,7 @@ import hashlib
 from pathlib import Path
 
 from zoo.errors import CheckpointError
+from zoo.weights.paths import open_regular
 
 
 def weight_files(path: Path) -> list[Path]:
@@ -17,7 +18,7 @@ def weight_files(path: Path) -> list[Path]:
 
 
 def file_sha256(path: Path) -> str:
-    with open(path, "rb") as f:
+    with open(open_regular(path), "rb") as f:  # a FIFO would block open() forever
         return hashlib.file_digest(f, "sha256").hexdigest()
 
 

@@ -66,7 +66,7 @@ def download(repo_id: str, filename: str, revision: str | None = None, missing_o
 def resolve_hub_weights(uri: str) -> str:
     """A local path zoo's weight readers take: the cached shard index (its shards beside it) or the
     single model.safetensors, every file hash-checked."""
-    from zoo.weights.sources import safetensors_files
+    from zoo.weights.sources import shard_names
 
     repo, revision = parse_uri(uri)
     try:
@@ -81,7 +81,7 @@ def resolve_hub_weights(uri: str) -> str:
         files, result = [single], single
     else:
         commit = Path(index).parent.name  # the snapshot's commit: every shard from the same one
-        shards = [p.name for p in safetensors_files(Path(index))]
+        shards = shard_names(Path(index))  # not downloaded yet: names only
         if not shards:
             raise CheckpointError(f"{uri}: {INDEX} lists no shards")
         with ThreadPoolExecutor(min(8, len(shards))) as pool:

@@ -2,11 +2,13 @@
 
 import json
 import math
+import os
 import struct
 from dataclasses import dataclass
 from pathlib import Path
 
 from zoo.errors import CheckpointError
+from zoo.weights.paths import open_regular
 
 # safetensors dtype codes -> (torch dtype name, bytes per element)
 DTYPES = {
@@ -27,39 +29,57 @@ class Entry:
     end: int
 
 
-def read_header(path: str | Path) -> tuple[list[Entry], dict]:
-    """Entries in file order and the __metadata__ dict; raises CheckpointError if the header lies."""
+def read_header(path: str | Path, fd: int | None = None) -> tuple[list[Entry], dict]:
+    """Entries in file order and the __metadata__ dict; raises CheckpointError if the header lies.
+    fd: the file already open (a reader then takes header and data from the same file)."""
     path = Path(path)
-    size = path.stat().st_size
-    with open(path, "rb") as f:
-        raw = f.read(8)
+    own = fd is None
+    fd = open_regular(path) if own else fd
+    try:
+        size = os.fstat(fd).st_size
+        raw = os.pread(fd, 8, 0)
         if len(raw) < 8:
             raise CheckpointError(f"{path}: not a safetensors file (shorter than its 8-byte header length)")
         (n,) = struct.unpack("<Q", raw)
         if n > MAX_HEADER or 8 + n > size:
             raise CheckpointError(f"{path}: header length {n} exceeds the file ({size} bytes)")
-        try:
-            header = json.loads(f.read(n))
-        except (UnicodeDecodeError, json.JSONDecodeError) as e:
-            raise CheckpointError(f"{path}: header is not valid JSON: {e}") from None
+        header = parse_json(os.pread(fd, n, 8), path, "header")
+    finally:
+        if own:
+            os.close(fd)
     if not isinstance(header, dict):
         raise CheckpointError(f"{path}: header is not a JSON object")
     metadata = header.pop("__metadata__", None) or {}
+    if not isinstance(metadata, dict):
+        raise CheckpointError(f"{path}: __metadata__ is not a JSON object")
     data_start, data_len = 8 + n, size - 8 - n
     entries = [_entry(path, name, spec, data_start, data_len) for name, spec in header.items()]
     _check_no_overlap(path, entries)
     return entries, metadata
 
 
+def parse_json(raw: bytes, path, what: str):
+    """JSON from an untrusted file; CheckpointError for anything that is not (a 200k-deep nesting
+    exhausts the parser's recursion: that is a malformed file too)."""
+    try:
+        return json.loads(raw)
+    except ValueError as e:  # not UTF-8, not JSON, or an integer past Python's 4300-digit limit
+        raise CheckpointError(f"{path}: {what} is not valid JSON: {e}") from None
+    except RecursionError:
+        raise CheckpointError(f"{path}: {what} is JSON nested too deeply to be a checkpoint's") from None
+
+
 def _entry(path, name, spec, data_start, data_len) -> Entry:
     try:
         dtype, itemsize = DTYPES[spec["dtype"]]
-        shape = tuple(spec["shape"])
-        begin, end = spec["data_offsets"]
-    except (KeyError, TypeError, ValueError):
-        raise CheckpointError(f"{path}: tensor {name!r} has a malformed header entry: {spec!r}") from None
-    if not all(isinstance(d, int) and d >= 0 for d in shape) or not all(isinstance(o, int) for o in (begin, end)):
-        raise CheckpointError(f"{path}: tensor {name!r}: shape and offsets must be non-negative integers")
+        shape, offsets = spec["shape"], spec["data_offsets"]
+    except (KeyError, TypeError):
+        raise CheckpointError(f"{path}: tensor {name!r} has a malformed header entry: {str(spec)[:200]}") from None
+    # lists of plain ints, as the format says: not a JSON object or string that tuple() would accept, not bools
+    if not (isinstance(shape, list) and isinstance(offsets, list) and len(offsets) == 2
+            and all(type(d) is int and 0 <= d < 1 << 63 for d in shape) and all(type(o) is int for o in offsets)):
+        raise CheckpointError(f"{path}: tensor {name!r}: shape and offsets must be lists of non-negative integers")
+    shape, (begin, end) = tuple(shape), offsets
     if not 0 <= begin <= end <= data_len:
         raise CheckpointError(f"{path}: tensor {name!r}: offsets {begin}..{end} outside the data ({data_len} bytes)")
     if end - begin != math.prod(shape) * itemsize:
@@ -68,8 +88,13 @@ def _entry(path, name, spec, data_start, data_len) -> Entry:
 
 
 def _check_no_overlap(path, entries) -> None:
-    previous = None
+    """No two tensors share a byte. Compared with the furthest end seen so far, not the previous
+    entry's: an empty tensor between two overlapping ones must not reset it."""
+    furthest = None
     for e in sorted(entries, key=lambda e: (e.start, e.end)):
-        if previous is not None and e.start < previous.end and e.end > e.start:
-            raise CheckpointError(f"{path}: tensors {previous.name!r} and {e.name!r} overlap in the file")
-        previous = e
+        if e.end == e.start:
+            continue  # holds no bytes: overlaps nothing
+        if furthest is not None and e.start < furthest.end:
+            raise CheckpointError(f"{path}: tensors {furthest.name!r} and {e.name!r} overlap in the file")
+        if furthest is None or e.end > furthest.end:
+            furthest = e

@@ -2,17 +2,20 @@
 
 Every source lists its tensors (name -> dtype name and shape) from metadata alone, then copies
 one tensor, or a run of its leading rows, into a destination the caller allocated: a shard
-loader can read only its rows.
+loader can read only its rows. Paths are untrusted: only regular files are opened (zoo.weights.paths).
 """
 
-import json
+import io
 import os
+import re
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
 from zoo.errors import CheckpointError
 from zoo.inspection import dtype_name
 from zoo.weights import safetensors_format as st
+from zoo.weights.paths import open_regular, regular_file
 
 PICKLE_SUFFIXES = {".pt", ".pth", ".bin", ".ckpt"}
 
@@ -48,8 +51,8 @@ class SafetensorsSource(Source):
         self.fds: list[int] = []
         try:
             for path in files:
-                entries, _ = st.read_header(path)
-                self.fds.append(os.open(path, os.O_RDONLY))
+                self.fds.append(open_regular(path))
+                entries, _ = st.read_header(path, self.fds[-1])  # header and data from one open file
                 for e in entries:
                     if e.name in self.entries:
                         raise CheckpointError(f"{path}: tensor {e.name!r} is also in another shard")
@@ -94,7 +97,10 @@ def read_exact(fd: int, start: int, length: int, dest) -> None:
     done = 0
     chunk = 256 << 20  # bounded single reads: Linux caps one read near 2 GiB
     while done < length:
-        n = os.preadv(fd, [view[done:min(length, done + chunk)]], start + done)
+        try:
+            n = os.preadv(fd, [view[done:min(length, done + chunk)]], start + done)
+        except OSError as e:  # EIO from a failing disk or network file system
+            raise CheckpointError(f"reading the weights file failed: {e.strerror}") from None
         if n == 0:
             raise CheckpointError(f"weights file ended {length - done} bytes early (truncated?)")
         done += n
@@ -107,7 +113,7 @@ def _uint8():
 
 
 class TensorDictSource(Source):
-    """A state dict already in memory, or a pickle loaded with weights_only=True and mmap=True."""
+    """A state dict already in memory, or a pickle loaded with weights_only=True (memory-mapped when it can be)."""
 
     def __init__(self, tensors: dict):
         import torch
@@ -115,28 +121,91 @@ class TensorDictSource(Source):
         bad = [k for k, v in tensors.items() if not isinstance(v, torch.Tensor)]
         if bad:
             raise CheckpointError(f"state dict entries that are not tensors: {bad[:5]}")
+        # refused here, before anything is allocated, not halfway through the copies
+        empty = [k for k, v in tensors.items() if v.is_meta or v.layout != torch.strided or v.is_quantized]
+        if empty:
+            raise CheckpointError(f"state dict entries with no plain values to load (on meta, sparse or "
+                                  f"quantized): {empty[:5]}")
         self.tensors = tensors
-        self.specs = {k: Spec(dtype_name(v.dtype), tuple(v.shape)) for k, v in tensors.items()}
+        self.specs = _specs(tensors)
 
     def read_into(self, name, dest, rows=None) -> None:
         src = self.tensors[name]
-        if src.is_meta:
-            raise CheckpointError(f"{name}: a tensor on meta has no values to load")
         dest.copy_(src if rows is None else src[rows[0]:rows[1]])
 
 
-def load_pickle(path: Path, on_meta: bool = False) -> dict:
-    """A torch checkpoint, memory-mapped (or on meta: no data read), refusing any pickle that would run code."""
-    import pickle
+def _specs(tensors: dict) -> dict[str, Spec]:
+    return {k: Spec(dtype_name(v.dtype), tuple(v.shape)) for k, v in tensors.items()}
 
+
+def load_pickle(path: Path, on_meta: bool = False) -> dict:
+    """A torch checkpoint's state dict, weights-only: a pickle that would run code is refused.
+
+    A zip checkpoint (torch.save's default) is memory-mapped, or loaded on meta (no data read); its
+    records are first checked to hold the bytes the pickle asks for, which torch skips under mmap.
+    A legacy (non-zip) one cannot be mapped: it is read into memory (on meta: read and dropped)."""
     import torch
 
+    with os.fdopen(open_regular(path), "rb") as f:
+        is_zip = f.read(4) == b"PK\x03\x04"  # torch's own test (torch.serialization._is_zipfile)
     try:
-        obj = (torch.load(path, map_location="meta", weights_only=True) if on_meta else
-               torch.load(path, map_location="cpu", weights_only=True, mmap=True))
-    except (pickle.UnpicklingError, RuntimeError, EOFError, ValueError, OSError) as e:
-        raise CheckpointError(f"{path}: not a loadable weights-only torch checkpoint: {str(e).splitlines()[0]}") from None
+        if is_zip:
+            _check_zip_records(path)
+        obj = torch.load(path, map_location="meta" if on_meta else "cpu", weights_only=True,
+                         mmap=is_zip and not on_meta)
+    except CheckpointError:
+        raise
+    except Exception as e:  # whatever a corrupt file makes torch or its unpickler raise
+        raise CheckpointError(_pickle_failure(path, e)) from None
     return unwrap_state_dict(obj, path)
+
+
+def _pickle_failure(path, e: Exception) -> str:
+    message = " ".join(str(e).split())
+    code = re.search(r"GLOBAL ([\w.]+)", message)  # torch's weights-only unpickler names what it refused
+    if code:
+        return (f"{path}: its pickle would run code ({code.group(1)}); zoo loads pickles weights-only and never "
+                f"runs their code: save the state dict of tensors alone (torch.save(model.state_dict())) or as "
+                f".safetensors")
+    detail = message[:300] or ("the file ends early" if isinstance(e, EOFError) else "no detail")
+    return f"{path}: not a loadable weights-only torch checkpoint (corrupt or truncated?): {type(e).__name__}: {detail}"
+
+
+def _check_zip_records(path: Path) -> None:
+    """Every storage the pickle asks for must be a stored (uncompressed) record of exactly its size:
+    under mmap=True torch maps the record's offset without this check, so a short record would be
+    read on into the bytes after it. Reads the zip directory and data.pkl only, with torch's own
+    weights-only unpickler (it builds tensors and containers, and runs no code)."""
+    import torch
+    from torch._weights_only_unpickler import Unpickler
+
+    with zipfile.ZipFile(path) as archive:
+        records = {}
+        for info in archive.infolist():
+            if info.filename in records:
+                raise CheckpointError(f"{path}: the archive holds {info.filename!r} twice; not a torch.save file")
+            records[info.filename] = info
+        prefix = next(iter(records), "").split("/")[0] + "/"  # torch's reader: the first record's folder
+        if prefix + "data.pkl" not in records:
+            raise CheckpointError(f"{path}: a zip archive without {prefix}data.pkl; not a torch.save file")
+        pickled = archive.read(prefix + "data.pkl")
+
+    def persistent_load(pid):  # ("storage", storage type, key, location, numel): torch's format
+        _, storage_type, key, _, numel = pid
+        dtype = torch.uint8 if storage_type is torch.UntypedStorage else storage_type.dtype
+        nbytes = numel * dtype.itemsize
+        record = records.get(f"{prefix}data/{key}")
+        if record is None or record.compress_type != zipfile.ZIP_STORED or record.file_size != nbytes:
+            found = "missing" if record is None else f"{record.file_size} bytes" + (
+                ", compressed" if record.compress_type != zipfile.ZIP_STORED else "")
+            raise CheckpointError(f"{path}: storage {key!r} needs {nbytes} bytes but its record data/{key} is "
+                                  f"{found}; the file is corrupt or truncated: save it again")
+        return torch.storage.TypedStorage(wrap_storage=torch.UntypedStorage(nbytes, device="meta"), dtype=dtype,
+                                          _internal=True)
+
+    unpickler = Unpickler(io.BytesIO(pickled), encoding="utf-8")
+    unpickler.persistent_load = persistent_load
+    unpickler.load()
 
 
 def unwrap_state_dict(obj, where="checkpoint") -> dict:
@@ -159,6 +228,8 @@ def unwrap_state_dict(obj, where="checkpoint") -> dict:
     raise CheckpointError(f"{where}: holds no state dict of tensors")
 
 
+
+
 def safetensors_files(path: Path) -> list[Path]:
     """The files of a safetensors checkpoint: one file, an index JSON's shards, or a directory's."""
     if path.is_dir():
@@ -170,26 +241,39 @@ def safetensors_files(path: Path) -> list[Path]:
             raise CheckpointError(f"{path}: no .safetensors files or index in this directory")
         return files
     if path.name.endswith(".safetensors.index.json"):
-        try:
-            weight_map = json.loads(path.read_text())["weight_map"]
-        except (json.JSONDecodeError, KeyError, TypeError) as e:
-            raise CheckpointError(f"{path}: not a safetensors index ({e})") from None
-        shards = sorted(set(weight_map.values()))
-        for shard in shards:
-            if Path(shard).name != shard:  # an index must not point outside its directory
-                raise CheckpointError(f"{path}: shard name {shard!r} is not a plain file name")
-        return [path.parent / s for s in shards]
+        files = [path.parent / s for s in shard_names(path)]
+        for file in files:
+            regular_file(file, f"shard of {path.name}")
+        return files
     return [path]
 
 
+def shard_names(index: Path) -> list[str]:
+    """The shard file names a safetensors index's weight_map names: plain names of files beside it."""
+    with os.fdopen(open_regular(index, "shard index"), "rb") as f:
+        document = st.parse_json(f.read(), index, "shard index")
+    weight_map = document.get("weight_map") if isinstance(document, dict) else None
+    if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
+        raise CheckpointError(f"{index}: not a safetensors index: want {{\"weight_map\": {{tensor name: "
+                              f"shard file name, ...}}}}")
+    shards = sorted(set(weight_map.values()))
+    for shard in shards:
+        if shard in ("", ".", "..") or Path(shard).name != shard:  # an index must not point outside its directory
+            raise CheckpointError(f"{index}: shard name {shard!r} is not a plain file name")
+    return shards
+
+
 def open_source(weights) -> Source:
-    """A Source for a path (file, shard index, directory) or an in-memory state dict."""
+    """A Source for a path (file, shard index, directory), an in-memory state dict, or a Source itself."""
+    if isinstance(weights, Source):
+        return weights
     if isinstance(weights, dict):
         return TensorDictSource(unwrap_state_dict(weights, "state dict"))
     path = Path(weights)
-    if not path.exists():
-        raise CheckpointError(f"{path}: no such weights file or directory")
-    if path.is_dir() or path.name.endswith((".safetensors", ".safetensors.index.json")):
+    if path.is_dir():
+        return SafetensorsSource(safetensors_files(path))
+    regular_file(path)
+    if path.name.endswith((".safetensors", ".safetensors.index.json")):
         return SafetensorsSource(safetensors_files(path))
     if path.suffix in PICKLE_SUFFIXES:
         return TensorDictSource(load_pickle(path))
@@ -202,7 +286,7 @@ def specs_of(weights) -> dict[str, Spec]:
     if isinstance(weights, dict):
         return TensorDictSource(unwrap_state_dict(weights, "state dict")).specs
     path = Path(weights)
-    if path.suffix in PICKLE_SUFFIXES and path.is_file():
-        return TensorDictSource(load_pickle(path, on_meta=True)).specs
+    if path.suffix in PICKLE_SUFFIXES and not path.is_dir():
+        return _specs(load_pickle(path, on_meta=True))
     with open_source(path) as source:
         return source.specs
