@@ -165,3 +165,17 @@ def test_a_row_naming_an_unknown_builder_is_never_imported(small_registry, tmp_p
         tampered.get("timm/resnet18")
     with pytest.raises(zoo.ZooError, match="unknown family"):
         tampered.get("torchvision/resnet18")
+
+
+def test_search_fields_lists_every_searchable_field_with_its_unit(small_registry):
+    import json
+
+    from tests.conftest import run_cli
+
+    import zoo
+
+    listed = json.loads(run_cli("search", "--fields", "--json", registry=small_registry).stdout)
+    assert [f["field"] for f in listed] == list(zoo.FIELDS)
+    by_name = {f["field"]: f for f in listed}
+    assert by_name["params"]["unit"] == "elements" and by_name["flops"]["unit"] == "FLOPs"
+    assert by_name["bytes"]["type"] == "number" and by_name["task"]["type"] == "string"

@@ -12,6 +12,11 @@ from zoo.errors import ZooError
 
 
 def cmd_search(zoo, args) -> int:
+    if args.fields:
+        rows = render.field_rows()
+        print(json.dumps([dict(zip(("field", "type", "unit", "meaning"), r)) for r in rows], indent=1) if args.json
+              else table([["field", "type", "unit", "meaning"], *rows]))
+        return 0
     found = zoo.search(args.expression, order_by=args.sort, limit=None if args.limit == 0 else args.limit)
     if args.json:
         print(json.dumps([i.as_dict() for i in found], indent=1))
@@ -227,6 +232,7 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("expression", nargs="?", default=None)
     s.add_argument("--sort", help="field to sort by; -field for descending")
     s.add_argument("--limit", type=_whole(0, "a limit"), default=100, help="at most N rows (0: all)")
+    s.add_argument("--fields", action="store_true", help="list the fields a search can use, with units")
     s.add_argument("--json", action="store_true")
     s.set_defaults(run=cmd_search)
 

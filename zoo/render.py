@@ -48,6 +48,13 @@ def analysis_rows(info) -> list[tuple[str, str]]:
     return rows
 
 
+def field_rows() -> list[list[str]]:
+    """Every searchable field: name, type, unit and meaning, from its one declaration (zoo.columns)."""
+    from zoo.columns import COLUMNS
+
+    return [[c.name, c.search_type, c.unit or "-", c.doc] for c in COLUMNS if c.searchable]
+
+
 def cell(info, column: str) -> str:
     value = getattr(info, column)
     if column == "params":
