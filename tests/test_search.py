@@ -452,6 +452,11 @@ def test_strings_sort_bytewise_on_every_backend(engine):
         present = sorted((r[field], r["name"]) for r in ROWS if r[field] is not None)
         missing = sorted((None, r["name"]) for r in ROWS if r[field] is None)
         assert [tuple(r) for r in got] == present + missing, field
+    from zoo.registry import store
+
+    with Session(engine) as session:  # the registry's own default order, by name
+        assert [r["name"] for r in store.search(session, "status=ok", fields=("name",))] == sorted(
+            r["name"] for r in ROWS if r["status"] == "ok")
 
 
 # ---- errors ----
