@@ -105,3 +105,24 @@ def test_too_long_a_value_is_a_typed_error_naming_the_field_on_postgresql(pg_ser
         zoo.connect(pg).index_checkpoint(path, name="ckpt/long")
     assert zoo.connect(pg).search("params>=0") == []
     assert zoo.connect(f"sqlite:///{tmp_path / 'r.db'}").index_checkpoint(path, name="ckpt/long")["status"] == "ok"
+
+
+def test_a_held_lock_times_out_with_a_registry_error_and_idle_sessions_end(pg_server, monkeypatch):
+    """A writer waits ZOO_LOCK_TIMEOUT for a lock another session holds, then gets a RegistryError; the
+    server ends a session left idle inside a transaction (a dead client's) after db.IDLE_IN_TRANSACTION_S."""
+    import time
+
+    import psycopg
+
+    monkeypatch.setenv("ZOO_LOCK_TIMEOUT", "1")
+    url = pg_server.fresh()
+    with psycopg.connect(url.replace("postgresql+psycopg", "postgresql")) as holder:
+        holder.execute("SELECT pg_advisory_xact_lock(%s)", (db._SCHEMA_LOCK,))  # held until it ends
+        start = time.monotonic()
+        with pytest.raises(RegistryError, match="locked by another writer") as err:
+            db.upgrade(url)
+        assert time.monotonic() - start < 20 and PASSWORD not in str(err.value)
+    db.upgrade(url)  # and once it has gone, it goes through
+    with db.engine(url).connect() as conn:
+        assert conn.exec_driver_sql("SHOW idle_in_transaction_session_timeout").scalar() == \
+            f"{db.IDLE_IN_TRANSACTION_S // 60}min"

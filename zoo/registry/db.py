@@ -113,7 +113,8 @@ def _server_options(url: str) -> dict:
     gives), end sessions idle in a transaction, and test pooled connections (the server may have ended one)."""
     if not url.startswith("postgresql"):
         return {}
-    options = f"-c lock_timeout={int(lock_timeout_s() * 1000)} -c idle_in_transaction_session_timeout=" \
+    # at least 1 ms: PostgreSQL reads 0 as "wait forever", where ZOO_LOCK_TIMEOUT=0 means "do not wait"
+    options = f"-c lock_timeout={max(1, int(lock_timeout_s() * 1000))} -c idle_in_transaction_session_timeout=" \
               f"{IDLE_IN_TRANSACTION_S * 1000}"
     return {"connect_args": {"options": options}, "pool_pre_ping": True}
 
