@@ -7,7 +7,8 @@ STAMP := $(VENV)/.installed
 
 .PHONY: run test test-fast registry bench sweep
 
-# The browser tests (tests/test_web_browser.py) drive Debian's Chromium; CI runs as root and installs it.
+# The browser tests (tests/test_web_browser.py) drive Debian's Chromium, and the PostgreSQL tests start
+# Debian's PostgreSQL server (tests/pg.py); CI runs as root and installs both.
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
@@ -15,6 +16,9 @@ $(STAMP): pyproject.toml constraints.txt
 	test -x /usr/bin/chromium -a -x /usr/bin/chromedriver || { if [ "$$(id -u)" = 0 ]; then \
 		apt-get update -qq && apt-get install -y -qq chromium chromium-driver; \
 		else echo "not root: install chromium and chromium-driver for the browser tests"; fi; }
+	ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || { if [ "$$(id -u)" = 0 ]; then \
+		apt-get update -qq && apt-get install -y -qq postgresql; \
+		else echo "not root: install postgresql for the PostgreSQL tests (they are skipped without it)"; fi; }
 	touch $(STAMP)
 
 run: $(STAMP)

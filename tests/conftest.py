@@ -46,6 +46,43 @@ def fresh_url(tmp_path) -> str:
     return f"sqlite:///{tmp_path / 'fresh.db'}"
 
 
+_pg_skipped: list[str] = []
+
+
+@pytest.fixture(scope="session")
+def pg_server():
+    """A real PostgreSQL server for the session (tests/pg.py). Where it cannot start, the PostgreSQL tests
+    fail when CI is set (CI must run them) and are skipped, loudly, otherwise."""
+    import psycopg
+
+    from tests import pg
+
+    try:
+        server = pg.start()
+    except (pg.Unavailable, psycopg.Error, OSError, subprocess.SubprocessError) as e:
+        reason = f"PostgreSQL server could not be started: {e}"
+        if os.environ.get("CI"):
+            pytest.fail(reason + " (CI is set: the PostgreSQL tests must run here)", pytrace=False)
+        _pg_skipped.append(reason)
+        pytest.skip(reason)
+    yield server
+    server.stop()
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def backend_url(request, tmp_path) -> str:
+    """A fresh, empty registry on each backend: a SQLite file, or a new PostgreSQL database (ICU collation)."""
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'fresh.db'}"
+    return request.getfixturevalue("pg_server").fresh()
+
+
+def pytest_terminal_summary(terminalreporter):
+    if _pg_skipped:
+        terminalreporter.write_sep("!", "PostgreSQL tests SKIPPED", red=True, bold=True)
+        terminalreporter.write_line(_pg_skipped[0])
+
+
 def run_cli(*args, registry: str | None = None, check: bool = True, timeout: int = 600, env_extra=None):
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     if registry:

@@ -1,4 +1,6 @@
-"""The indexer and the CLI: idempotent, crash-safe, concurrent, failures recorded; checkpoints and builders."""
+"""The indexer and the CLI: idempotent, crash-safe, concurrent, failures recorded; checkpoints and builders.
+The tests taking backend_url run on SQLite and PostgreSQL; tests/test_concurrency.py kills and races
+indexers on both."""
 
 import os
 import signal
@@ -37,7 +39,8 @@ def _consistent(url: str) -> None:
         assert len(names) == len(set(names))
 
 
-def test_index_is_idempotent(fresh_url):
+def test_index_is_idempotent(backend_url):
+    fresh_url = backend_url
     first = indexer.index_family(fresh_url, "timm", ["resnet1*"])
     assert first.indexed and not first.unchanged and not first.failed
     second = indexer.index_family(fresh_url, "timm", ["resnet1*"])
@@ -46,7 +49,8 @@ def test_index_is_idempotent(fresh_url):
     assert forced.indexed == ["timm/resnet18"]
 
 
-def test_a_failing_build_is_recorded_not_raised(fresh_url):
+def test_a_failing_build_is_recorded_not_raised(backend_url):
+    fresh_url = backend_url
     from zoo.recipe import Recipe
 
     record = indexer.index_one(fresh_url, "user/broken", Recipe("user", "tests.builders:broken"), trusted={"tests"})
@@ -99,7 +103,8 @@ def test_two_indexers_at_once_lose_and_duplicate_nothing(fresh_url):
     _consistent(fresh_url)
 
 
-def test_cli_indexes_a_safetensors_checkpoint_from_its_header(tmp_path, fresh_url):
+def test_cli_indexes_a_safetensors_checkpoint_from_its_header(tmp_path, backend_url):
+    fresh_url = backend_url
     path = tmp_path / "net.safetensors"
     save_file({"w": torch.zeros(3, 4), "b": torch.zeros(4, dtype=torch.bfloat16)}, str(path))
     cli_json("index", "checkpoint", str(path), "--name", "ckpt/net", registry=fresh_url)
@@ -131,7 +136,8 @@ def test_cli_indexes_a_torch_pickle_on_meta_and_refuses_code(tmp_path, fresh_url
     assert not marker.exists()
 
 
-def test_cli_builder_search_show_rm(fresh_url):
+def test_cli_builder_search_show_rm(backend_url):
+    fresh_url = backend_url
     out = cli_json("index", "builder", "tests.builders:tied_net", "--name", "tied", "--kwargs", '{"dim": 4}',
                    registry=fresh_url)
     assert out["name"] == "user/tied" and out["status"] == "ok"

@@ -1,4 +1,8 @@
-"""The schema is alembic's: upgrades from empty and from every earlier revision; old databases are refused clearly."""
+"""The schema is alembic's: upgrades from empty and from every earlier revision, on SQLite and PostgreSQL; old
+databases are refused clearly; concurrent first uses of an empty database all succeed."""
+
+import subprocess
+import sys
 
 import pytest
 from alembic.autogenerate import compare_metadata
@@ -6,6 +10,7 @@ from alembic.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy import create_engine
 
+from tests.conftest import ROOT
 from zoo.errors import SchemaOutdated
 from zoo.registry import db
 from zoo.registry.tables import Base
@@ -26,15 +31,15 @@ def test_code_revision_is_the_migrations_head():
     assert _revisions()[-1] == db.SCHEMA_REVISION
 
 
-def test_upgrade_from_an_empty_database(fresh_url):
-    db.upgrade(fresh_url)
-    assert db.current_revision(db.engine(fresh_url)) == db.SCHEMA_REVISION
-    _assert_schema_matches_orm(fresh_url)
+def test_upgrade_from_an_empty_database(backend_url):
+    db.upgrade(backend_url)
+    assert db.current_revision(db.engine(backend_url)) == db.SCHEMA_REVISION
+    _assert_schema_matches_orm(backend_url)
 
 
 @pytest.mark.parametrize("start", _revisions())
-def test_upgrade_from_every_earlier_revision(tmp_path, start):
-    url = f"sqlite:///{tmp_path / f'at_{start}.db'}"
+def test_upgrade_from_every_earlier_revision(backend_url, start):
+    url = backend_url
     db.upgrade(url, start)
     assert db.current_revision(db.engine(url)) == start
     db.upgrade(url)
@@ -42,11 +47,24 @@ def test_upgrade_from_every_earlier_revision(tmp_path, start):
     _assert_schema_matches_orm(url)
 
 
-def test_an_older_revision_is_refused_with_the_command_to_run(fresh_url):
-    db.upgrade(fresh_url, _revisions()[-2])
+def test_an_older_revision_is_refused_with_the_command_to_run(backend_url):
+    db.upgrade(backend_url, _revisions()[-2])
     db._checked.clear()
-    with pytest.raises(SchemaOutdated, match="zoo db upgrade"):
-        db.open_registry(fresh_url)
+    with pytest.raises(SchemaOutdated, match="zoo db upgrade") as err:
+        db.open_registry(backend_url)
+    assert "s3cret" not in str(err.value)  # tests/pg.py puts a password in every PostgreSQL URL
+
+
+def test_three_first_uses_of_an_empty_database_all_succeed(backend_url):
+    """Each creates the schema unless another did first: under the schema lock, checked again inside."""
+    code = ("import sys; from zoo.registry import db; db.open_registry(sys.argv[1], write=True, create=True); "
+            "print(db.current_revision(db.engine(sys.argv[1])))")
+    procs = [subprocess.Popen([sys.executable, "-c", code, backend_url], cwd=ROOT, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for _ in range(3)]
+    for p in procs:
+        out, err = p.communicate(timeout=120)
+        assert p.returncode == 0 and out.strip() == db.SCHEMA_REVISION, err
+    _assert_schema_matches_orm(backend_url)
 
 
 def test_a_missing_registry_file_is_a_clear_error(tmp_path):

@@ -1,4 +1,5 @@
-"""get / info / search against a registry made by zoo's own indexer, with real timm and torchvision."""
+"""get / info / search against a registry made by zoo's own indexer, with real timm and torchvision; on SQLite
+and on PostgreSQL (the same registry copied there with zoo db copy)."""
 
 import subprocess
 import sys
@@ -7,6 +8,26 @@ import pytest
 import torch
 
 from tests.conftest import ROOT, SMALL_TIMM
+
+
+@pytest.fixture(scope="module", params=["sqlite", "postgresql"])
+def registry_url(request, small_registry) -> str:
+    if request.param == "sqlite":
+        return small_registry
+    from zoo.registry.transfer import copy_registry
+
+    url = request.getfixturevalue("pg_server").fresh()
+    copy_registry(small_registry, url)
+    return url
+
+
+@pytest.fixture
+def zoo_at(registry_url, monkeypatch):
+    """The zoo module, pointed at the small registry on each backend."""
+    import zoo
+
+    monkeypatch.setenv("ZOO_REGISTRY", registry_url.removeprefix("sqlite:///"))
+    return zoo
 
 
 def test_get_returns_the_models_own_class_all_on_meta_as_recorded(zoo_at):

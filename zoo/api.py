@@ -251,9 +251,17 @@ class Zoo:
         """The schema revision of the registry, None for an empty database."""
         return db.revision_of(self.url)
 
-    def compact(self) -> None:
-        """Fold the write-ahead log into the file and shrink it (SQLite; a no-op elsewhere)."""
-        db.compact(self.url)
+    def compact(self) -> str:
+        """SQLite: fold the write-ahead log into the file and shrink it; PostgreSQL: VACUUM (ANALYZE).
+        Returns what was done."""
+        return db.compact(self.url)
+
+    def copy_to(self, target, replace: bool = False) -> dict[str, int]:
+        """Copy this whole registry into the one at `target` (URL or path; SQLite <-> PostgreSQL) in one
+        transaction there, ids kept; a target holding models is refused unless replace. Rows per table."""
+        from zoo.registry.transfer import copy_registry
+
+        return copy_registry(self.url, registry_url(target), replace)
 
 
 class _Materializer:

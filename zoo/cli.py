@@ -190,12 +190,18 @@ def _index_single(args, run) -> int:
 
 
 def cmd_db(zoo, args) -> int:
+    from zoo.api import Zoo
+
     if args.action == "upgrade":
         fresh = not zoo.exists()
         print(f"{zoo}: {'created, ' if fresh else ''}schema at {zoo.upgrade(args.revision)}")
     elif args.action == "compact":
-        zoo.compact()
-        print(f"{zoo}: compacted")
+        print(f"{zoo}: {zoo.compact()}")
+    elif args.action == "copy":
+        source = Zoo(args.urls[0])
+        counts = source.copy_to(args.urls[1], replace=args.replace)
+        print(f"copied {counts['models']} models, {counts['model_tensors']} tensor tables and {counts['weights']} "
+              f"weights tags from {source} to {Zoo(args.urls[1])}")
     else:
         print(zoo.revision() or "empty")
     return 0
@@ -305,9 +311,11 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
     s.set_defaults(run=cmd_catalog)
 
-    s = sub.add_parser("db", parents=[common], help="registry schema: upgrade, compact, revision")
-    s.add_argument("action", choices=["upgrade", "compact", "revision"])
+    s = sub.add_parser("db", parents=[common], help="registry schema: upgrade, compact, revision; copy SRC DST")
+    s.add_argument("action", choices=["upgrade", "compact", "revision", "copy"])
+    s.add_argument("urls", nargs="*", metavar="SRC DST", help="copy: from registry SRC to registry DST (URLs or paths)")
     s.add_argument("--revision", default="head", help="target revision for upgrade")
+    s.add_argument("--replace", action="store_true", help="copy: drop the models DST holds first")
     s.set_defaults(run=cmd_db)
     return p
 
@@ -340,6 +348,8 @@ def main(argv=None) -> int:
             args.target = args.targets[0]
         if args.source == "hf" and not args.targets:
             p.error("index hf takes one or more SOURCEs: config.json files, directories, or hub repo ids")
+    if args.command == "db" and (len(args.urls) != 2 if args.action == "copy" else args.urls):
+        p.error("db copy takes SRC and DST (registry URLs or paths); the other db actions take --registry")
     from zoo.api import Zoo
 
     try:

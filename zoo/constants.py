@@ -22,7 +22,8 @@ def trusted_modules() -> set[str]:
 
 
 def lock_timeout_s() -> float:
-    """ZOO_LOCK_TIMEOUT: seconds a writer waits for another writer's lock on a SQLite registry (default 60)."""
+    """ZOO_LOCK_TIMEOUT: seconds a writer waits for another writer's lock (SQLite's busy timeout, PostgreSQL's
+    lock_timeout; default 60)."""
     import math
 
     from zoo.errors import InvalidArgument

@@ -187,7 +187,9 @@ def index_one(url: str, name: str, recipe: Recipe, trusted: set[str] | None = No
     from zoo.build import vetted
 
     vetted(recipe, trusted)
-    if db.exists(url):  # a name taken by another model is refused before anything is built or written
+    # a name taken by another model is refused before anything is built or written (an empty server
+    # database, like a missing file, holds none: it is created below)
+    if db.exists(url) and db.revision_of(url) is not None:
         with db.session(url) as s:
             store.check_replace(s, name, recipe.family, recipe.builder, force)
     db.open_registry(url, write=True, create=True)

@@ -57,6 +57,9 @@ _MEANINGS = (
                                      "path of a registry file"),
     ("readonly database", "is read-only: writing needs write permission on the file and its folder (SQLite keeps "
                           "a journal beside it); or copy it somewhere writable"),
+    ("lock timeout", "is locked by another writer for longer than ZOO_LOCK_TIMEOUT ({timeout:g} s): try "
+                     "again when it has finished, or wait longer with a larger ZOO_LOCK_TIMEOUT"),
+    ("value too long", "holds no value that long in this field: choose a shorter one"),
     ("database is locked", "is locked by another writer for longer than ZOO_LOCK_TIMEOUT ({timeout:g} s): try "
                            "again when it has finished, or wait longer with a larger ZOO_LOCK_TIMEOUT"),
 )
@@ -100,6 +103,20 @@ def _wal(dbapi_connection) -> None:
 
 
 _engines: dict[tuple[str, bool], Engine] = {}
+# A transaction left open by a dead or stuck client (a forked worker holding its parent's connection, a
+# debugger) would hold its row locks forever: the server ends such a session after this long.
+IDLE_IN_TRANSACTION_S = 60
+
+
+def _server_options(url: str) -> dict:
+    """PostgreSQL: wait for a lock at most ZOO_LOCK_TIMEOUT (then a RegistryError, as SQLite's busy timeout
+    gives), end sessions idle in a transaction, and test pooled connections (the server may have ended one)."""
+    if not url.startswith("postgresql"):
+        return {}
+    # at least 1 ms: PostgreSQL reads 0 as "wait forever", where ZOO_LOCK_TIMEOUT=0 means "do not wait"
+    options = f"-c lock_timeout={max(1, int(lock_timeout_s() * 1000))} -c idle_in_transaction_session_timeout=" \
+              f"{IDLE_IN_TRANSACTION_S * 1000}"
+    return {"connect_args": {"options": options}, "pool_pre_ping": True}
 
 
 def engine(url: str, write: bool = False) -> Engine:
@@ -108,7 +125,7 @@ def engine(url: str, write: bool = False) -> Engine:
     if (url, write) in _engines:
         return _engines[(url, write)]
     try:
-        eng = create_engine(url)
+        eng = create_engine(url, **_server_options(url))
     except ImportError as e:  # a server URL whose driver is not installed
         raise RegistryError(f"{masked(url)}: its database driver is not installed ({e}); for PostgreSQL: "
                             f"pip install 'zoo[postgres]'") from None
@@ -140,9 +157,31 @@ def cached_engines() -> list[Engine]:
 
 def current_revision(eng: Engine) -> str | None:
     with translated(str(eng.url)), eng.connect() as conn:
-        if not inspect(conn).has_table("alembic_version"):
-            return None
-        return conn.execute(text("SELECT version_num FROM alembic_version")).scalar()
+        return _revision_on(conn)
+
+
+def _revision_on(conn) -> str | None:
+    if not inspect(conn).has_table("alembic_version"):
+        return None
+    return conn.execute(text("SELECT version_num FROM alembic_version")).scalar()
+
+
+# Any fixed 64-bit number: the key of the PostgreSQL advisory lock that schema changes take.
+_SCHEMA_LOCK = 0x7A6F6F5F73636831
+
+
+@contextlib.contextmanager
+def schema_locked(url: str):
+    """A writer's connection inside a transaction that holds the registry's schema lock until it commits:
+    SQLite's BEGIN IMMEDIATE (the write lock), a transaction-scoped advisory lock on PostgreSQL. Whoever
+    creates or upgrades the schema checks it again in here: another process may just have done it."""
+    with engine(url, write=True).connect() as conn:
+        if conn.dialect.name == "postgresql":
+            conn.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": _SCHEMA_LOCK})
+        else:
+            conn.begin()  # BEGIN IMMEDIATE, see engine()
+        yield conn
+        conn.commit()
 
 
 def revision_of(url: str) -> str | None:
@@ -222,18 +261,22 @@ def upgrade(url: str, revision: str = "head") -> None:
     if revision != "head" and revision not in known:
         raise SchemaOutdated(f"no schema revision {revision!r}: this zoo knows {', '.join(known)} (or head)")
     with translated(url):
-        reader = engine(url)
-        current = current_revision(reader)
-        if current is not None and current not in known:
-            _refuse(url, current)
-        if current is None and inspect(reader).get_table_names():
-            _refuse(url, None)  # another program's database: zoo adds no tables to it
+        _check_upgradable(url, current_revision(engine(url)), inspect(engine(url)).get_table_names())
+    with translated(url), schema_locked(url) as conn:  # the check again, under the lock
+        _check_upgradable(url, _revision_on(conn), inspect(conn).get_table_names())
         cfg = alembic_config(url)
-        with engine(url, write=True).connect() as conn:
-            cfg.attributes["connection"] = conn
-            command.upgrade(cfg, revision)
-            conn.commit()
+        cfg.attributes["connection"] = conn  # the migrations run inside this locked transaction
+        command.upgrade(cfg, revision)
     _checked.clear()
+
+
+def _check_upgradable(url: str, current: str | None, tables: list[str]) -> None:
+    """Refused before anything is written (SQLite's journal mode included): a registry from a newer zoo,
+    and another program's database (zoo adds no tables to it)."""
+    if current is not None and current not in known_revisions():
+        _refuse(url, current)
+    if current is None and tables:
+        _refuse(url, None)
 
 
 @contextlib.contextmanager
@@ -243,13 +286,20 @@ def session(url: str, write: bool = False, create: bool = False):
         yield s
 
 
-def compact(url: str) -> None:
-    """Fold the WAL into the file and shrink it: the shipped registry is one self-contained file."""
+def compact(url: str) -> str:
+    """SQLite: fold the WAL into the file and shrink it (the shipped registry is one self-contained file).
+    PostgreSQL: VACUUM (ANALYZE), which frees dead rows and refreshes the planner's statistics. Returns
+    what was done, for the CLI to say."""
     import sqlite3
 
     path = _sqlite_path(url)
     if path is None:
-        return
+        eng = open_registry(url)
+        if eng.dialect.name != "postgresql":
+            return "nothing to do: this database compacts itself"
+        with translated(url), eng.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+            conn.execute(text("VACUUM (ANALYZE)"))  # not allowed inside a transaction, hence autocommit
+        return "vacuumed and analysed"
     open_registry(url)  # a registry at this schema, or a clear error, before anything is written
     for eng in (engine(url, True), engine(url, False)):
         eng.dispose()
@@ -266,3 +316,4 @@ def compact(url: str) -> None:
         raise RegistryError(f"the registry at {path} {meaning} ({e})") from None
     finally:
         con.close()
+    return "compacted"

@@ -4,13 +4,40 @@ from __future__ import annotations
 
 import operator
 
-from sqlalchemy import ColumnElement, and_, not_, or_
+from sqlalchemy import ColumnElement, String, Text, and_, not_, or_
+from sqlalchemy.ext.compiler import compiles
+from sqlalchemy.sql.functions import FunctionElement
 
 from zoo.errors import SearchSyntaxError
 from zoo.query import MAX_COMPARISONS, MAX_DEPTH, And, Compare, Expr, Not, Or, check, parse, parse_sort
 from zoo.registry.tables import Model
 
 _SQL_OPS = {"<": operator.lt, "<=": operator.le, ">": operator.gt, ">=": operator.ge, "=": operator.eq, "!=": operator.ne}
+
+
+class bytewise(FunctionElement):  # noqa: N801 - used like a SQL function
+    """A string column compared and ordered by its bytes (code points), as SQLite's BINARY collation does, on
+    every backend: a PostgreSQL database's own collation (ICU en-US, say) would order `_b` before `a` and `B`,
+    and its ILIKE would fold non-ASCII case, so search results would differ from SQLite's."""
+
+    type = Text()
+    inherit_cache = True
+
+
+@compiles(bytewise)
+def _bytewise_default(element, compiler, **kw):  # SQLite: BINARY is already bytewise
+    return compiler.process(element.clauses, **kw)
+
+
+@compiles(bytewise, "postgresql")
+def _bytewise_postgresql(element, compiler, **kw):
+    # "C": bytewise order, and lower() (hence ILIKE) folds ASCII letters only, as SQLite's lower() does
+    return f'({compiler.process(element.clauses, **kw)}) COLLATE "C"'
+
+
+def _text(col):
+    """The column as the search compares it: strings bytewise (see bytewise), numbers as they are."""
+    return bytewise(col) if isinstance(col.type, (String, Text)) else col
 
 
 def _like(glob: str) -> str:
@@ -38,14 +65,14 @@ def _compile(e: Expr, negate: bool, depth: int, seen: list[int]) -> ColumnElemen
     value = check(e.field, e.op, e.value)
     col = getattr(Model, e.field)
     if e.op == "~":
-        # ilike: SQLite's LIKE ignores ASCII case anyway; ILIKE / lower() make PostgreSQL agree.
-        cond = col.ilike(_like(value), escape="\\")
+        # ilike: SQLite's LIKE ignores ASCII case (only); ILIKE under COLLATE "C" makes PostgreSQL agree.
+        cond = _text(col).ilike(_like(value), escape="\\")
         # `name~'vit_*'` also matches timm/vit_base...: globs as timm.list_models takes them. A glob
         # that starts with * matches the short name only if it matches the full one: skip the OR.
         if e.field == "name" and not value.startswith("*"):
-            cond = or_(cond, Model.short.ilike(_like(value), escape="\\"))
+            cond = or_(cond, _text(Model.short).ilike(_like(value), escape="\\"))
     else:
-        cond = _SQL_OPS[e.op](col, value)
+        cond = _SQL_OPS[e.op](_text(col), value)
     # SQL's NULL would make `not task = x` drop rows without a task; compare as false instead.
     if Model.__table__.c[e.field].nullable:
         cond = and_(col.is_not(None), cond)
@@ -60,5 +87,5 @@ def compile_search(expr: str | Expr) -> ColumnElement[bool]:
 def sort_clause(spec: str):
     """ORDER BY for "params" (ascending) or "-params" (descending); rows without a value go last."""
     name, descending = parse_sort(spec)
-    col = getattr(Model, name)
+    col = _text(getattr(Model, name))
     return (col.desc() if descending else col.asc()).nulls_last()

@@ -1,15 +1,16 @@
 """Registry queries: resolve a name, read a row, write one model atomically, delete, search."""
 
 import difflib
+import hashlib
 from datetime import datetime, timezone
 
-from sqlalchemy import delete, select
+from sqlalchemy import delete, func, select
 from sqlalchemy.orm import Session
 
 from zoo.columns import BY_NAME, COLUMNS, PUBLIC
 from zoo.errors import AmbiguousName, InvalidArgument, ModelExists, ModelNotFound
 from zoo.model_info import ModelInfo, encode_tensors
-from zoo.registry.sql import compile_search, sort_clause
+from zoo.registry.sql import bytewise, compile_search, sort_clause
 from zoo.registry.tables import Model, ModelTensors, Weights
 
 
@@ -22,7 +23,7 @@ def resolve(session: Session, name: str) -> Model:
     row = session.scalar(select(Model).where(Model.name == name))
     if row is not None:
         return row
-    rows = session.scalars(select(Model).where(Model.short == name).order_by(Model.name)).all()
+    rows = session.scalars(select(Model).where(Model.short == name).order_by(bytewise(Model.name))).all()
     if len(rows) == 1:
         return rows[0]
     if rows:
@@ -48,7 +49,8 @@ def tensor_blob(session: Session, model_id: int) -> bytes | None:
 def info(session: Session, name: str, tensors: bool = False) -> ModelInfo:
     row = resolve(session, name)
     weights = [{"tag": w.tag, "path": w.path, "sha256": w.sha256, "bytes": w.bytes}
-               for w in session.scalars(select(Weights).where(Weights.model_id == row.id).order_by(Weights.tag))]
+               for w in session.scalars(select(Weights).where(Weights.model_id == row.id)
+                                                      .order_by(bytewise(Weights.tag)))]
     return ModelInfo.from_row(row, tensor_blob(session, row.id) if tensors else None, weights)
 
 
@@ -64,10 +66,37 @@ def drop_weights(session: Session, name: str, tags) -> None:
 
 def weights_tags(session: Session, name: str) -> list[str]:
     return list(session.scalars(select(Weights.tag).join(Model, Weights.model_id == Model.id)
-                                .where(Model.name == name).order_by(Weights.tag)))
+                                .where(Model.name == name).order_by(bytewise(Weights.tag))))
+
+
+def _postgresql(session: Session) -> bool:
+    return session.get_bind().dialect.name == "postgresql"
+
+
+def lock_name(session: Session, name: str) -> None:
+    """On PostgreSQL, hold a lock on this model name until the transaction ends. Read committed does not
+    serialise writers as SQLite's BEGIN IMMEDIATE does: two indexers would both find no row and both insert
+    (UniqueViolation). A 64-bit key from the name (hashtext's 32 bits would make collisions likely enough)."""
+    if _postgresql(session):
+        key = int.from_bytes(hashlib.blake2b(name.encode(), digest_size=8).digest(), "big", signed=True)
+        session.execute(select(func.pg_advisory_xact_lock(key)))
+
+
+def check_lengths(session: Session, values: dict, columns: dict) -> None:
+    """PostgreSQL enforces VARCHAR(n), SQLite does not: refuse a value too long with a typed error naming
+    the field, before the server would (a DataError deep in a transaction)."""
+    if not _postgresql(session):
+        return
+    for field, value in values.items():
+        size = columns[field]
+        if size and isinstance(value, str) and len(value) > size:
+            raise InvalidArgument(f"{field} is {len(value)} characters long ({value[:40]!r}...); a registry on "
+                                  f"PostgreSQL holds at most {size}: choose a shorter one")
 
 
 def add_weights(session: Session, name: str, tag: str, path: str, sha256: str, nbytes: int) -> None:
+    check_lengths(session, {"tag": tag}, {"tag": Weights.__table__.c.tag.type.length})
+    lock_name(session, name)
     row = resolve(session, name)
     session.execute(delete(Weights).where(Weights.model_id == row.id, Weights.tag == tag))
     session.add(Weights(model_id=row.id, tag=tag, path=path, sha256=sha256, bytes=nbytes,
@@ -96,12 +125,14 @@ def write_model(session: Session, record: dict, tensor_table, replace: bool = Fa
     """Insert one model, or update its row in place (its recorded weights stay), with its tensors, in the
     current transaction. A row of another family or builder is replaced only with replace=True, and
     then its weights tags go with it: they were another model's files."""
+    values = {c.name: record.get(c.name, c.default) for c in COLUMNS}  # a failed build clears the old figures
+    values.update(short=short_name(record["name"]), indexed_at=datetime.now(timezone.utc).replace(tzinfo=None))
+    check_lengths(session, values, {c.name: c.size for c in COLUMNS})
+    lock_name(session, record["name"])  # before the select: the select-then-insert must not interleave
     check_replace(session, record["name"], record["family"], record["builder"], replace)
     row = session.scalar(select(Model).where(Model.name == record["name"]))
     if row is not None and (row.family, row.builder) != (record["family"], record["builder"]):
         session.execute(delete(Weights).where(Weights.model_id == row.id))
-    values = {c.name: record.get(c.name, c.default) for c in COLUMNS}  # a failed build clears the old figures
-    values.update(short=short_name(record["name"]), indexed_at=datetime.now(timezone.utc).replace(tzinfo=None))
     if row is None:
         row = Model(**values)
         session.add(row)
@@ -131,7 +162,8 @@ def search(session: Session, expression, order_by: str | None = None, limit: int
     query = select(Model) if fields is None else select(*(getattr(Model, f) for f in fields))
     if expression is not None and not (isinstance(expression, str) and not expression.strip()):
         query = query.where(compile_search(expression))
-    query = query.order_by(sort_clause(order_by), Model.name) if order_by else query.order_by(Model.name)
+    by_name = bytewise(Model.name)  # the same order on every backend (see bytewise)
+    query = query.order_by(sort_clause(order_by), by_name) if order_by else query.order_by(by_name)
     if limit is not None:
         query = query.limit(limit)
     if fields is None:

@@ -1,0 +1,75 @@
+"""Writers that cannot collide, on SQLite and PostgreSQL: overlapping indexers started together on an empty
+database, one of them killed with SIGKILL mid-run; then a run that must complete."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+from sqlalchemy import create_engine, func, select
+
+from tests.conftest import ROOT
+from zoo.registry.tables import Model, ModelTensors
+
+# Overlapping patterns of small timm models (resnet18*, resnet2*, resnet10*: 14 models in all).
+PATTERNS = [["resnet2*", "resnet18*"], ["resnet18*", "resnet10*"], ["resnet10*", "resnet2*"]]
+
+
+def _names(url: str) -> list[str]:
+    engine = create_engine(url)
+    try:
+        with engine.connect() as conn:
+            return list(conn.scalars(select(Model.name)))
+    except Exception:  # the schema is not there yet
+        return []
+    finally:
+        engine.dispose()
+
+
+def _check_consistent(url: str) -> list[str]:
+    """No duplicate, no model that built without its tensor table; the names, sorted."""
+    engine = create_engine(url)
+    with engine.connect() as conn:
+        names = list(conn.scalars(select(Model.name)))
+        orphans = conn.scalar(select(func.count()).select_from(Model).outerjoin(
+            ModelTensors, ModelTensors.model_id == Model.id).where(Model.status == "ok", ModelTensors.model_id.is_(None)))
+    engine.dispose()
+    assert len(names) == len(set(names)), "duplicate rows"
+    assert orphans == 0, "a model without its tensors"
+    return sorted(names)
+
+
+def _indexer(url: str, patterns: list[str], *options: str) -> subprocess.Popen:
+    cmd = [sys.executable, "-m", "zoo.cli", "--registry", url, "index", "timm", *patterns, "-q", "--json", *options]
+    return subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"})
+
+
+def test_overlapping_indexers_and_a_killed_one(backend_url):
+    import timm
+
+    url = backend_url
+    # the victim indexes with forked workers; SIGKILL its main process only: the workers must go with it
+    # (PR_SET_PDEATHSIG) and leave no inherited connection behind holding a transaction or a lock
+    victim = _indexer(url, ["resnet3*"], "-j", "2")
+    writers = [_indexer(url, p, "--force", *(("-j", "2") if i == 0 else ())) for i, p in enumerate(PATTERNS)]
+    deadline = time.time() + 300
+    while time.time() < deadline and not any(n.startswith("timm/resnet3") for n in _names(url)):
+        time.sleep(0.1)
+    victim.send_signal(signal.SIGKILL)
+    victim.communicate()
+    for w in writers:
+        out, err = w.communicate(timeout=600)
+        assert w.returncode == 0, err
+        assert '"failed": {}' in out, out
+    expected = {f"timm/{n}" for n in timm.list_models([p for ps in PATTERNS for p in ps])}
+    names = _check_consistent(url)
+    assert expected <= set(names)
+    assert set(names) - expected <= {f"timm/{n}" for n in timm.list_models("resnet3*")}
+    # the next run completes: nothing the killed indexer held blocks it
+    rerun = _indexer(url, ["resnet3*", "resnet2*"])
+    out, err = rerun.communicate(timeout=600)
+    assert rerun.returncode == 0, err
+    everything = expected | {f"timm/{n}" for n in timm.list_models("resnet3*")}
+    assert _check_consistent(url) == sorted(everything)

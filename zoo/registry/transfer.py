@@ -1,0 +1,51 @@
+"""Copy a whole registry between any two URLs (SQLite <-> PostgreSQL): every table row for row, ids kept."""
+
+from sqlalchemy import Table, delete, func, select, text
+
+from zoo.errors import RegistryError
+from zoo.registry import db
+from zoo.registry.tables import Model, ModelTensors, Weights
+
+# Parents before children (foreign keys); each with the key it is read in order of.
+TABLES: tuple[Table, ...] = (Model.__table__, ModelTensors.__table__, Weights.__table__)
+_BATCH = 500
+
+
+def _count(conn) -> int:
+    return conn.execute(select(func.count()).select_from(Model.__table__)).scalar()
+
+
+def copy_registry(src: str, dst: str, replace: bool = False) -> dict[str, int]:
+    """Copy the registry at src into dst in one transaction on dst: the schema is made through the
+    migrations, ids are kept and PostgreSQL's sequences set past them (a later insert must not collide).
+    A target that holds models is refused unless replace, which drops them first. Returns rows per table."""
+    if src == dst:
+        raise RegistryError(f"{db.masked(src)}: source and target are the same registry")
+    reader = db.open_registry(src)  # a registry at this schema, or a clear error, before dst is touched
+    if db.exists(dst) and not replace and db.revision_of(dst) is not None:
+        with db.translated(dst), db.engine(dst).connect() as conn:
+            _refuse_non_empty(dst, _count(conn))
+    db.upgrade(dst)  # creates the schema (or brings it up to date) through the migrations
+    counts = {}
+    with db.translated(dst), db.schema_locked(dst) as target, db.translated(src), reader.connect() as source:
+        _refuse_non_empty(dst, 0 if replace else _count(target))  # again, under the lock
+        for table in reversed(TABLES):
+            target.execute(delete(table))
+        for table in TABLES:
+            counts[table.name] = 0
+            rows = source.execute(select(table).order_by(*table.primary_key.columns))
+            while batch := rows.fetchmany(_BATCH):
+                target.execute(table.insert(), [dict(r._mapping) for r in batch])
+                counts[table.name] += len(batch)
+        if target.dialect.name == "postgresql":
+            for table in TABLES:
+                if "id" in table.c:  # serial ids: the next insert continues after the copied ones
+                    target.execute(text(f"SELECT setval(pg_get_serial_sequence('{table.name}', 'id'), "
+                                        f"coalesce(max(id), 1), max(id) IS NOT NULL) FROM {table.name}"))
+    return counts
+
+
+def _refuse_non_empty(dst: str, models: int) -> None:
+    if models:
+        raise RegistryError(f"the registry at {db.masked(dst)} already holds {models} models: copy into an empty "
+                            f"one, or pass --replace (replace=True) to drop them first")
