@@ -121,11 +121,11 @@ def materialize(module: nn.Module, device="cpu", weights=None, dtype: torch.dtyp
     Arguments, keys, shapes and headers are checked before anything is allocated; a failure after
     that leaves the module exactly as it was.
     """
-    # an integer dtype would fail in the swap (an integer parameter cannot require grad): refused first
-    device, dtype = _device(device), None if dtype is None else float_dtype(dtype)
-    if not copy and device.type != "cpu":
+    if not copy and str(device).split(":")[0] != "cpu":
         raise InvalidArgument(f"copy=False makes tensors views of the file mapped in CPU memory; on {device} they "
                               f"are always copied: leave copy=True (the default)")
+    # an integer dtype would fail in the swap (an integer parameter cannot require grad): refused first
+    device, dtype = _device(device), None if dtype is None else float_dtype(dtype)
     if device.type == "cuda" and device.index is None:
         device = torch.device("cuda", torch.cuda.current_device())  # each rank's own, as set_device chose
     recipe = recipe if recipe is not None else module.__dict__.get("_zoo_recipe")

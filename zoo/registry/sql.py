@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import operator
 
-from sqlalchemy import ColumnElement, String, Text, and_, not_, or_
+from sqlalchemy import BigInteger, ColumnElement, Float, String, Text, and_, literal, not_, or_
 from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.sql.functions import FunctionElement
 
@@ -71,6 +71,10 @@ def _compile(e: Expr, negate: bool, depth: int, seen: list[int]) -> ColumnElemen
         # that starts with * matches the short name only if it matches the full one: skip the OR.
         if e.field == "name" and not value.startswith("*"):
             cond = or_(cond, _text(Model.short).ilike(_like(value), escape="\\"))
+    elif isinstance(value, (int, float)):
+        # bound as 64-bit (or float), not as the column's type: PostgreSQL would cast 2**31 to a 32-bit
+        # column's INTEGER and fail, where the comparison is simply true or false
+        cond = _SQL_OPS[e.op](col, literal(value, BigInteger() if isinstance(value, int) else Float()))
     else:
         cond = _SQL_OPS[e.op](_text(col), value)
     # SQL's NULL would make `not task = x` drop rows without a task; compare as false instead.
