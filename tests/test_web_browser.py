@@ -52,13 +52,17 @@ def navigate(driver, act):
 
 
 def _alive(element) -> bool:
-    from selenium.common.exceptions import StaleElementReferenceException
+    from selenium.common.exceptions import StaleElementReferenceException, WebDriverException
 
     try:
         element.tag_name
         return True
     except StaleElementReferenceException:
         return False
+    except WebDriverException as e:  # mid-navigation Chromium may say so in its inspector's words instead
+        if "does not belong to the document" in str(e):
+            return False
+        raise
 
 
 def search_box(driver, text: str):
