@@ -22,7 +22,8 @@ $(STAMP): pyproject.toml constraints.txt
 	touch $(STAMP)
 
 run: $(STAMP)
-	$(BIN)/zoo search "params<1e8 and name~'vit_*'" --sort -params --limit 10
+	$(BIN)/zoo search "params<1e8 and name~'vit_*' and kind=architecture" --sort -params --limit 10
+	$(BIN)/zoo search "top1>85 and params<30M" --sort -top1 --limit 5
 	$(BIN)/zoo show timm/resnet50
 	$(BIN)/python -c "import zoo, time; t = time.perf_counter(); m = zoo.get('timm/vit_large_patch16_224'); \
 	print(f'zoo.get: {type(m).__module__}.{type(m).__name__}, {sum(p.numel() for p in m.parameters()):,} params, devices {sorted({str(p.device) for p in m.parameters()})}, {time.perf_counter() - t:.2f} s')"
@@ -37,11 +38,15 @@ test-fast: $(STAMP)
 sweep: $(STAMP)
 	$(BIN)/python -m pytest -q -s -m sweep tests/test_zoo_sweep.py
 
-# Rebuild the shipped registry: unchanged models are skipped, so only what changed is rebuilt.
+# Rebuild the shipped registry: unchanged models are skipped, so only what changed is rebuilt. --pretrained:
+# a row per pretrained variant (timm tag, torchvision weights enum) with its published metadata; timm's
+# published validation results are read from catalog/timm-results (see its README for their provenance).
 registry: $(STAMP)
 	$(BIN)/zoo --registry registry.db db upgrade
 	$(BIN)/zoo --registry registry.db index timm -j 2
+	$(BIN)/zoo --registry registry.db index timm --pretrained --results catalog/timm-results -j 2
 	$(BIN)/zoo --registry registry.db index torchvision -j 2
+	$(BIN)/zoo --registry registry.db index torchvision --pretrained -j 2
 	$(BIN)/zoo --registry registry.db index hf catalog/hf/*__*.json
 	$(BIN)/zoo --registry registry.db db compact
 

@@ -2,9 +2,10 @@
 
 Measures, in one run:
 
-* zoo: `zoo index timm -j 2 -q --json` then `zoo index torchvision -j 2 -q --json` as subprocesses
-  into a fresh temp registry: wall time, models/s, and the failures they report. Their sum is
-  the whole-zoo time (target: under 150 s with -j 2).
+* zoo: `zoo index timm -j 2 -q --json`, `zoo index torchvision ...`, then the same with `--pretrained`
+  (every pretrained variant) as subprocesses into a fresh temp registry: wall time, models/s, how many
+  builds reused an analysis (zoo.structure), and the failures they report. Their sum is the whole-zoo
+  time (target: under 150 s with -j 2).
 * plain: a serial eager build WITH init, `timm.create_model(name)` on CPU (no meta), of a seeded
   random sample of K timm models (default 40), each after gc.collect(), timed with perf_counter;
   the mean per model times the number of timm models is the extrapolated whole-timm time, and
@@ -54,7 +55,10 @@ def zoo_command() -> list[str]:
 
 
 def index_family(registry: Path, family: str, jobs: int, log) -> dict:
-    cmd = [*zoo_command(), "--registry", str(registry), "index", family, "-j", str(jobs), "-q", "--json"]
+    """family: a family name, or NAME+pretrained for its pretrained variants (after its architectures)."""
+    name, _, pretrained = family.partition("+")
+    cmd = [*zoo_command(), "--registry", str(registry), "index", name, "-j", str(jobs), "-q", "--json",
+           *(["--pretrained"] if pretrained else [])]
     log(f"  $ {' '.join(cmd)}")
     env = {**os.environ, "PYTHONWARNINGS": "ignore"}
     env.pop("ZOO_REGISTRY", None)
@@ -67,7 +71,14 @@ def index_family(registry: Path, family: str, jobs: int, log) -> dict:
         out = {"indexed": 0, "unchanged": 0, "failed": {}}
         log(f"  WARNING: no JSON from zoo index {family} (exit {proc.returncode}): {proc.stderr.strip()[-500:]}")
     n = out["indexed"] + out["unchanged"] + len(out["failed"])
-    return {"family": family, "wall_s": wall, "rc": proc.returncode, "models": n, "indexed": out["indexed"],
+    timings = out.get("timings", {})  # per built model: build_s, analysis_s, save_s (in the workers)
+    stages = {k: sorted(t.get(k, 0.0) for t in timings.values()) for k in ("build_s", "analysis_s", "save_s")}
+    return {"stage_sum_s": {k: sum(v) for k, v in stages.items()},
+            "stage_median_s": {k: v[len(v) // 2] if v else 0.0 for k, v in stages.items()},
+            "slowest": sorted(((sum(v for k, v in t.items() if k.endswith("_s")), name) for name, t in timings.items()),
+                              reverse=True)[:5],
+            "analysis_reused": sum(bool(t.get("analysis_reused")) for t in timings.values()),
+            "family": family, "wall_s": wall, "rc": proc.returncode, "models": n, "indexed": out["indexed"],
             "unchanged": out["unchanged"], "failed": len(out["failed"]), "failed_names": sorted(out["failed"]),
             "models_per_s": n / wall if wall else 0.0}
 
@@ -117,7 +128,9 @@ def main() -> int:
     ap.add_argument("--jobs", "-j", type=int, default=2, help="zoo index worker processes (default 2)")
     ap.add_argument("--sample", type=int, default=40, help="timm models to build eagerly (default 40; 0: skip)")
     ap.add_argument("--seed", type=int, default=0, help="sample seed (default 0)")
-    ap.add_argument("--families", default="timm,torchvision", help="families to index (default: timm,torchvision)")
+    ap.add_argument("--families", default="timm,torchvision,timm+pretrained,torchvision+pretrained",
+                    help="families to index in order; NAME+pretrained: its pretrained variants (default: the whole "
+                         "zoo, timm,torchvision,timm+pretrained,torchvision+pretrained)")
     ap.add_argument("--max-gb", type=float, default=None,
                     help="largest fp32 model to build eagerly, GB (default: a quarter of available memory)")
     ap.add_argument("--keep", action="store_true", help="keep the temp registry")
@@ -155,11 +168,11 @@ def main() -> int:
         return 0
 
     print(f"\nzoo index, fresh registry, -j {args.jobs} ({os.cpu_count()} CPUs)")
-    rows = [["family", "models", "indexed", "failed", "wall s", "models/s"]]
+    rows = [["family", "models", "indexed", "failed", "analysis reused", "wall s", "models/s"]]
     for r in result["zoo"]:
-        rows.append([r["family"], str(r["models"]), str(r["indexed"]), str(r["failed"]), f"{r['wall_s']:.1f}",
-                     f"{r['models_per_s']:.1f}"])
-    rows.append(["whole zoo", str(result["zoo_total_models"]), "", "", f"{result['zoo_total_s']:.1f}",
+        rows.append([r["family"], str(r["models"]), str(r["indexed"]), str(r["failed"]), str(r["analysis_reused"]),
+                     f"{r['wall_s']:.1f}", f"{r['models_per_s']:.1f}"])
+    rows.append(["whole zoo", str(result["zoo_total_models"]), "", "", "", f"{result['zoo_total_s']:.1f}",
                  f"{result['zoo_total_models'] / result['zoo_total_s']:.1f}"])
     widths = [max(len(r[c]) for r in rows) for c in range(len(rows[0]))]
     for i, r in enumerate(rows):
@@ -169,6 +182,11 @@ def main() -> int:
     for r in result["zoo"]:
         if r["failed"]:
             print(f"  {r['family']} failed: {', '.join(r['failed_names'][:10])}{' ...' if r['failed'] > 10 else ''}")
+    for r in result["zoo"]:
+        st, med = r["stage_sum_s"], r["stage_median_s"]
+        print(f"  {r['family']} per model (summed over workers): " + ", ".join(
+            f"{k[:-2]} {st[k]:.0f} s (median {med[k] * 1e3:.0f} ms)" for k in st)
+              + "; slowest: " + ", ".join(f"{n} {s:.1f} s" for s, n in r["slowest"][:3]))
     print(f"registry size: {result['registry_bytes'] / 2**20:.1f} MiB")
     if "plain" in result:
         p = result["plain"]

@@ -58,3 +58,19 @@ def shipped_weights_net(path: str):
     net = nn.Sequential(nn.Linear(3, 4), nn.ReLU(), nn.Linear(4, 2))
     net[2].load_state_dict(torch.load(path, map_location="cpu"))
     return net
+
+
+class ConvNet(nn.Module):
+    """A convolution and a classifier: a user model whose FLOPs follow from its shapes by hand."""
+
+    def __init__(self, classes: int = 10):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 3, padding=1)
+        self.head = nn.Linear(8 * 32 * 32, classes)
+
+    def forward(self, x):
+        return self.head(self.conv(x).relu().flatten(1))
+
+
+def conv_net(classes: int = 10) -> ConvNet:
+    return ConvNet(classes)

@@ -15,8 +15,9 @@ SMALL_TORCHVISION = ["resnet18", "mobilenet_v3_small", "fasterrcnn_mobilenet_v3_
 
 
 @pytest.fixture(autouse=True)
-def _trust_test_builders(monkeypatch):
+def _trust_test_builders(monkeypatch, tmp_path_factory):
     monkeypatch.setenv("ZOO_TRUSTED_MODULES", "tests")
+    monkeypatch.setenv("ZOO_CACHE", str(tmp_path_factory.getbasetemp() / "zoo_cache"))  # not ~/.cache
 
 
 @pytest.fixture(scope="session")

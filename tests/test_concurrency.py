@@ -73,3 +73,33 @@ def test_overlapping_indexers_and_a_killed_one(backend_url):
     assert rerun.returncode == 0, err
     everything = expected | {f"timm/{n}" for n in timm.list_models("resnet3*")}
     assert _check_consistent(url) == sorted(everything)
+
+
+def test_readers_never_see_a_half_written_model(backend_url, tmp_path):
+    """Readers (search, info with its tensor table, get) in their own processes while a writer re-indexes a
+    model over and over with another size each time: no reader errs, none sees a row with another version's
+    tensor table. bench/readers_writer.py times the same with 16 readers."""
+    import json
+
+    import zoo
+
+    zoo.connect(backend_url).index_builder("tests.builders:tied_net", "flip", {"dim": 8})
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+
+    def start(*args):
+        return subprocess.Popen([sys.executable, "-m", "tests.readers", *args], cwd=ROOT, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True, env=env)
+
+    done = str(tmp_path / "done")
+    readers = [start("reader", backend_url, done, *(["get"] if i == 0 else [])) for i in range(3)]
+    writer = start("writer", backend_url, "6", done)
+    results = []
+    for p in [writer, *readers]:  # the writer first: the readers stop when it is done
+        out, err = p.communicate(timeout=300)
+        assert p.returncode == 0, err
+        results.append(json.loads(out))
+    assert results[0]["writes"] == 6
+    for r in results[1:]:
+        assert r["error_count"] == 0, r["errors"]
+        assert r["torn_count"] == 0, r["torn"]
+        assert all(n > 0 for n in r["calls"].values())

@@ -150,3 +150,14 @@ def test_cli_builder_search_show_rm(backend_url):
     assert run_cli("rm", "user/tied", registry=fresh_url).stdout.strip() == "removed user/tied"
     missing = run_cli("show", "user/tied", registry=fresh_url, check=False)
     assert missing.returncode == 1 and "no model named" in missing.stderr
+
+
+def test_index_json_gives_each_built_models_seconds_per_stage(fresh_url):
+    summary = cli_json("index", "timm", "resnet10t", "resnet14t", registry=fresh_url)
+    assert set(summary["timings"]) == {"timm/resnet10t", "timm/resnet14t"}
+    for stages in summary["timings"].values():
+        assert set(stages) == {"build_s", "analysis_s", "save_s", "analysis_reused"}
+        assert stages["analysis_reused"] is False  # two different models: each analysed
+        assert all(stages[k] > 0 for k in ("build_s", "analysis_s", "save_s"))
+    again = cli_json("index", "timm", "resnet10t", registry=fresh_url)  # unchanged: nothing built, no timings
+    assert again["unchanged"] == 1 and "timings" not in again

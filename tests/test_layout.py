@@ -16,15 +16,15 @@ PACKAGE = Path(zoo.__file__).resolve().parent
 # imports (annotations) are not imports at run time and are skipped.
 LAYERS = [
     ["zoo.errors", "zoo.constants", "zoo.columns"],
-    ["zoo.query", "zoo.recipe", "zoo.inspection", "zoo.model_info"],
+    ["zoo.query", "zoo.recipe", "zoo.inspection", "zoo.structure", "zoo.model_info"],
     ["zoo.meta", "zoo.weights"],
     ["zoo.families"],
-    ["zoo.build", "zoo.templates"],
-    ["zoo.analysis", "zoo.materialize"],
+    ["zoo.build", "zoo.templates", "zoo.preprocess"],
+    ["zoo.analysis", "zoo.materialize", "zoo.pretrained"],
     ["zoo.registry"],
-    ["zoo.indexer"],
-    ["zoo.api"],
-    ["zoo", "zoo.cli", "zoo.web"],  # readers at the top: the CLI and the web catalog, both through zoo.api
+    ["zoo.indexer", "zoo.hub_indexer"],
+    ["zoo.api", "zoo.attach"],
+    ["zoo", "zoo.cli", "zoo.cli_index", "zoo.web"],  # readers at the top: the CLI and the web catalog, both through zoo.api
 ]
 MAX_LINES = 400
 

@@ -13,7 +13,7 @@ from sqlalchemy import create_engine
 from tests.conftest import ROOT
 from zoo.errors import SchemaOutdated
 from zoo.registry import db
-from zoo.registry.tables import Base
+from zoo.registry.tables import Base, compared
 
 
 def _revisions() -> list[str]:
@@ -23,7 +23,9 @@ def _revisions() -> list[str]:
 
 def _assert_schema_matches_orm(url: str) -> None:
     with create_engine(url).connect() as conn:
-        diff = compare_metadata(MigrationContext.configure(conn), Base.metadata)
+        # objects the migrations create per backend that the ORM cannot express (tables.SEARCH_ACCELERATORS)
+        context = MigrationContext.configure(conn, opts={"include_name": compared})
+        diff = compare_metadata(context, Base.metadata)
     assert diff == []
 
 

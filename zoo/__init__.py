@@ -13,8 +13,8 @@ from zoo.api import Zoo, connect
 from zoo.errors import (
     AmbiguousName, AnalysisError, AnalysisTimeout, BuildFailed, CheckpointError, DownloadBlocked, HubUnavailable,
     InvalidArgument, InvalidComparison, InvalidRecipe, MaterializeError, ModelExists, ModelNotFound, NotBuildable,
-    RegistryDrift, RegistryError, RegistryNotFound, SchemaOutdated, SearchSyntaxError, UnknownFamily,
-    UntrustedBuilder, WeightsMismatch, ZooError,
+    RegistryDrift, RegistryError, RegistryNotFound, SchemaOutdated, SearchSyntaxError, TokenizerNotCached,
+    UnknownFamily, UntrustedBuilder, WeightsMismatch, ZooError,
 )
 from zoo.inspection import TensorInfo
 from zoo.model_info import ModelInfo
@@ -54,10 +54,20 @@ def scan(name_or_module, *inputs_or_shapes, registry: str | Zoo | None = None, *
 
 
 def estimate(name_or_module, batch: int = 1, dtype="bf16", training: bool = False, optimizer: str = "adamw",
-             seq_len: int | None = None, registry: str | Zoo | None = None) -> Estimate:
-    """Bytes for weights, gradients, optimizer states and activations, measured on meta (see zoo.analysis.estimate)."""
+             seq_len: int | None = None, registry: str | Zoo | None = None, kv_dtype=None, weights_dtype=None,
+             group_size: int = 128, checkpointing: bool = False) -> Estimate:
+    """Bytes for weights, gradients, optimizer states, KV cache and activations, measured on meta (see
+    zoo.analysis.estimate): kv_dtype="fp8" for the cache, weights_dtype="int8"|"int4"|"fp8" for weight-only
+    quantization (int8/int4 with group_size), checkpointing=True for training with activation checkpointing."""
     return _registry(registry).estimate(name_or_module, batch=batch, dtype=dtype, training=training,
-                                        optimizer=optimizer, seq_len=seq_len)
+                                        optimizer=optimizer, seq_len=seq_len, kv_dtype=kv_dtype,
+                                        weights_dtype=weights_dtype, group_size=group_size,
+                                        checkpointing=checkpointing)
+
+
+def transform(name: str, train: bool = False, test_size: bool = False):
+    """The torchvision transform a model's weights expect, built without the model (see Zoo.transform)."""
+    return Zoo().transform(name, train=train, test_size=test_size)
 
 
 def _registry(registry) -> Zoo:
@@ -67,10 +77,10 @@ def _registry(registry) -> Zoo:
 fields = FIELDS
 
 __all__ = [
-    "Zoo", "connect", "get", "info", "search", "check", "scan", "estimate", "F", "FIELDS", "fields", "ModelInfo",
+    "Zoo", "connect", "get", "info", "search", "check", "scan", "estimate", "transform", "F", "FIELDS", "fields", "ModelInfo",
     "TensorInfo",
     "ZooError", "ModelNotFound", "AmbiguousName", "SearchSyntaxError", "InvalidComparison", "BuildFailed",
     "NotBuildable", "InvalidRecipe", "InvalidArgument", "UntrustedBuilder", "UnknownFamily", "SchemaOutdated",
     "RegistryDrift", "RegistryError", "RegistryNotFound", "ModelExists", "CheckpointError", "WeightsMismatch", "HubUnavailable", "DownloadBlocked",
-    "MaterializeError", "AnalysisError", "AnalysisTimeout",
+    "MaterializeError", "AnalysisError", "AnalysisTimeout", "TokenizerNotCached",
 ]

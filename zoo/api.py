@@ -7,11 +7,27 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from zoo.attach import LoadOnFirstCall, Materializer, check_against_record
 from zoo.constants import registry_url
-from zoo.errors import BuildFailed, CheckpointError, InvalidArgument, NotBuildable, RegistryDrift, WeightsMismatch
+from zoo.errors import BuildFailed, CheckpointError, InvalidArgument, NotBuildable, WeightsMismatch
 from zoo.model_info import ModelInfo
 from zoo.recipe import Recipe
-from zoo.registry import db, store
+
+
+class _OnFirstUse:
+    """A module imported when first used: zoo.registry.db and .store import SQLAlchemy (0.2-0.4 s), which a
+    search of a SQLite registry does without (zoo.registry.lite)."""
+
+    def __init__(self, name: str):
+        self._name = name
+
+    def __getattr__(self, attr: str):
+        import importlib
+
+        return getattr(importlib.import_module(self._name), attr)
+
+
+db, store = _OnFirstUse("zoo.registry.db"), _OnFirstUse("zoo.registry.store")
 
 if TYPE_CHECKING:  # torch only when a module is built
     from torch import nn
@@ -53,8 +69,34 @@ class Zoo:
             raise InvalidArgument(f"limit is a whole number >= 0 (or None for every match), not {limit!r}")
         if order_by is not None and not isinstance(order_by, str):
             raise InvalidArgument(f"order_by names a field, e.g. 'params' or '-params', not {order_by!r}")
+        from zoo.registry import lite
+
+        fields = None if fields is None else tuple(fields)
+        found = lite.search(self.url, expression, order_by, limit, fields)  # SQLite, without SQLAlchemy
+        if found is not None:
+            return found
         with db.session(self.url) as s:
-            return store.search(s, expression, order_by, limit, None if fields is None else tuple(fields))
+            return store.search(s, expression, order_by, limit, fields)
+
+    def variants(self, name: str) -> tuple[str, list[ModelInfo]]:
+        """The architecture of `name` ("timm/resnet50", or one of its variants, "resnet50.a1_in1k") and every
+        pretrained variant recorded for it, by name."""
+        with db.session(self.url) as s:
+            return store.variants_of(s, name)
+
+    def preprocess(self, name: str) -> dict:
+        """A model's input preprocessing (input_size, crop_pct, crop_mode, interpolation, mean, std, ...): the
+        row's recorded dict, else the library's for its weights (no model is built)."""
+        from zoo.preprocess import preprocess_of
+
+        return preprocess_of(self.info(name))
+
+    def transform(self, name: str, train: bool = False, test_size: bool = False):
+        """The torchvision transform (PIL image -> normalized tensor) the model's weights expect, as timm's
+        create_transform(**resolve_data_config(...)) or torchvision's weights.transforms() build it."""
+        from zoo.preprocess import transform
+
+        return transform(self.preprocess(name), train=train, test_size=test_size)
 
     # --- build --------------------------------------------------------------------------------
 
@@ -80,7 +122,7 @@ class Zoo:
         options = dict(device=device or "cpu", weights=weights, dtype=dtype)
         if dispatch == "now":
             return module.materialize(**options)
-        load = _LoadOnFirstCall(options)
+        load = LoadOnFirstCall(options)
         load.handle = module.register_forward_pre_hook(load, with_kwargs=True)
         return module
 
@@ -96,17 +138,23 @@ class Zoo:
                 raise BuildFailed(f"{row.name} failed to build when it was indexed: {row.error}")
             recipe = Recipe(row.family, row.builder, {**json.loads(row.kwargs), **overrides})
             key = (self.url, row.name, row.source_hash, recipe.kwargs_json())
+            inputs = json.loads(row.inputs) if row.family == "user" and row.inputs else None
 
         def build():
             module = build_meta(recipe)
             if not overrides:
-                with db.session(self.url) as s:
-                    _check_against_record(row.name, module, store.tensor_blob(s, row.id))
+                with db.session(self.url) as s:  # one snapshot: the row as it is now, and its tensor table
+                    # a writer may have re-indexed the model since the row above was read: its table is then
+                    # another version's, and the module is the version this call began with (no drift)
+                    if store.ok_hash_of(s, row.name) == row.source_hash:
+                        check_against_record(row.name, module, store.tensor_blob(s, row.id))
             return module
 
         module = templates.cached(key, build)
         module.__dict__["_zoo_recipe"] = recipe
-        module.__dict__["materialize"] = _Materializer(module, self.url, row.name)
+        if inputs:  # a user builder's recorded input spec: scan and estimate run with it
+            module.__dict__["_zoo_inputs"] = inputs
+        module.__dict__["materialize"] = Materializer(module, self.url, row.name)
         return module
 
     def _module(self, name_or_module) -> nn.Module:
@@ -116,19 +164,28 @@ class Zoo:
         """Every module's output shapes and dtypes from one meta forward (see zoo.analysis.scan)."""
         from zoo.analysis import scan
 
-        return scan(self._module(name_or_module), *inputs, **options)
+        module = self._module(name_or_module)
+        if any(isinstance(i, str) for i in inputs):
+            full = self.info(name_or_module).name if isinstance(name_or_module, str) else None
+            return scan(module, **_tokenized(full, module, inputs), **options)
+        return scan(module, *inputs, **options)
 
     def estimate(self, name_or_module, batch: int = 1, dtype="bf16", training: bool = False,
-                 optimizer: str = "adamw", seq_len: int | None = None) -> Estimate:
-        """Bytes for weights, gradients, optimizer states and activations, measured on meta (see
-        zoo.analysis.estimate); the options are checked before the model is built."""
+                 optimizer: str = "adamw", seq_len: int | None = None, kv_dtype=None, weights_dtype=None,
+                 group_size: int = 128, checkpointing: bool = False) -> Estimate:
+        """Bytes for weights, gradients, optimizer states, KV cache and activations, measured on meta (see
+        zoo.analysis.estimate): kv_dtype for the cache ("fp8"), weights_dtype for weight-only quantization
+        ("int8", "int4" with group_size, "fp8"), checkpointing for training. The options are checked
+        before the model is built."""
         from zoo.analysis import estimate
         from zoo.analysis.memory import check_options
 
-        check_options(batch, dtype, training, optimizer, seq_len)
+        options = dict(batch=batch, dtype=dtype, training=training, optimizer=optimizer, seq_len=seq_len,
+                       kv_dtype=kv_dtype, weights_dtype=weights_dtype, group_size=group_size,
+                       checkpointing=checkpointing)
+        check_options(**options)
         name = name_or_module if isinstance(name_or_module, str) else None
-        return estimate(self._module(name_or_module), batch=batch, dtype=dtype, training=training,
-                        optimizer=optimizer, seq_len=seq_len, name=name)
+        return estimate(self._module(name_or_module), name=name, **options)
 
     # --- load ---------------------------------------------------------------------------------
 
@@ -149,9 +206,9 @@ class Zoo:
         from zoo.weights.digest import digest
 
         if (not isinstance(tag, str) or not tag.strip() or len(tag) > 64 or "/" in tag or tag.startswith("hf:")
-                or is_constructor_tag(tag)):
+                or is_constructor_tag(tag) or tag == "pretrained"):
             raise InvalidArgument(f"a weights tag is a name of 1 to 64 characters without '/', such as 'default' "
-                                  f"or 'v1.0' ('constructor' is zoo's own), not {tag!r}")
+                                  f"or 'v1.0' ('constructor' and 'pretrained' are zoo's own), not {tag!r}")
         result = self.check(name, Path(path))  # a Path is never a tag; checked first: resolve() crashes on a loop
         path = Path(path).resolve()
         nothing = not result.matched and result.missing  # strict=False must not record an unrelated file
@@ -165,10 +222,13 @@ class Zoo:
 
     def weights_path(self, name: str, weights):
         """What to load for `weights`: hf://ORG/NAME through the hub cache; a tag recorded for the model
-        ("default", "v1.0") becomes its file, sha256 checked; any other string is a path (one with a '/'
+        ("default", "v1.0") becomes its file ("pretrained", the library's published weights, is handled by .materialize), sha256 checked; any other string is a path (one with a '/'
         is never a tag, so it loads without the registry); a state dict is itself."""
         if not isinstance(weights, str):
             return weights
+        if weights == "pretrained":  # no one file: timm's filters need the module (see zoo.pretrained)
+            raise InvalidArgument("weights='pretrained' loads through zoo.get(name, weights='pretrained') or "
+                                  ".materialize(weights='pretrained'); it names no single file to check")
         if weights.startswith("hf://"):
             from zoo.weights.hub import resolve_hub_weights
             return resolve_hub_weights(weights)
@@ -202,10 +262,14 @@ class Zoo:
     # --- record -------------------------------------------------------------------------------
 
     def index(self, source: str, targets=(), jobs: int = 1, force: bool = False, name: str | None = None,
-              revision: str | None = None, progress=None) -> Outcome:
+              revision: str | None = None, progress=None, pretrained: bool = False, results=None) -> Outcome:
         """Build models on meta and record them; unchanged ones are skipped unless force.
 
-        source "timm" or "torchvision": targets are glob patterns (none: every model). source "hf":
+        source "timm" or "torchvision": targets are glob patterns (none: every model). pretrained=True: a row
+        per pretrained variant instead ("timm/resnet50.a1_in1k", "torchvision/resnet50.IMAGENET1K_V2"; the
+        patterns match "resnet50.a1_in1k"), built with the kwargs its weights need, with its published
+        metadata and metrics; results: the folder of timm's published results (default catalog/timm-results).
+        source "hf":
         targets are config sources (config.json files, directories, catalog files, hub repo ids),
         with `name` for a single one and `revision` for repo ids. progress(name, done, total) after each.
         """
@@ -214,20 +278,48 @@ class Zoo:
         indexer.workers_for(jobs)  # refused before anything is built
         if isinstance(targets, str):  # one pattern or source, not its letters
             targets = [targets]
-        if source == "hf":
+        if source == "hf" and not pretrained and results is None:
             return indexer.index_configs(self.url, list(targets), name, revision, force, progress=progress)
         if name is not None or revision is not None:
             raise InvalidArgument(f"name and revision apply to hf sources, not to {source}")
-        return indexer.index_family(self.url, source, list(targets), jobs=jobs, force=force, progress=progress)
+        return indexer.index_family(self.url, source, list(targets), jobs=jobs, force=force, progress=progress,
+                                    pretrained=pretrained, results=results)
 
-    def index_builder(self, builder: str, name: str, kwargs: dict | None = None, force: bool = False) -> dict:
+    def index_hub(self, author: str | None = None, search: str | None = None, filter: str | None = None,
+                  limit: int | None = None, local_cache: bool = False, force: bool = False, progress=None) -> Outcome:
+        """Index Hugging Face hub repos from config.json alone (never weights): those the hub's listing gives for
+        author/search/filter (at most limit), or with local_cache every model in the local hub cache, offline.
+        Each repo is a row hf/ORG/NAME with the hub's metadata; a repo that fails is a row with its reason.
+        Repos already recorded from the same commit are skipped, so a rerun resumes an interrupted run."""
+        from zoo import hub_indexer
+        from zoo.weights import hub_listing
+
+        if limit is not None and (not isinstance(limit, int) or isinstance(limit, bool) or limit < 1):
+            raise InvalidArgument(f"limit is a whole number >= 1, not {limit!r}")
+        if local_cache:
+            if author or search or filter:
+                raise InvalidArgument("local_cache indexes the whole local cache: no author, search or filter")
+            repos, origin = hub_listing.cached_repos()[:limit], "local cache"
+        else:
+            if not (author or search or filter or limit):
+                raise InvalidArgument("say which hub repos: author, search, filter or limit (the hub holds millions)")
+            repos, origin = hub_listing.list_repos(author, search, filter, limit), "hub listing"
+        return hub_indexer.index_hub(self.url, repos, origin, force=force, progress=progress)
+
+    def index_builder(self, builder: str, name: str, kwargs: dict | None = None, force: bool = False,
+                      inputs=None) -> dict:
         """Index a model built by a user's MODULE:FUNCTION (its package trusted for this call); returns its row.
-        A model of another family or builder under that name is replaced only with force=True."""
+        A model of another family or builder under that name is replaced only with force=True. `inputs`:
+        its input spec, "1,3,224,224" or [{"shape": [1, 16], "dtype": "int64", "name": "input_ids"}, ...]
+        (the first dimension is the batch), recorded so that the model gets FLOPs, scan and estimate."""
         from zoo import indexer
+        from zoo.analysis.inputs import parse_inputs
 
+        parsed = parse_inputs(inputs) if inputs is not None else None  # refused before anything is built
         recipe = Recipe("user", builder, kwargs or {})
         full = name if "/" in name else f"user/{name}"
-        return indexer.index_one(self.url, full, recipe, trusted={builder.split(":")[0].split(".")[0]}, force=force)
+        return indexer.index_one(self.url, full, recipe, trusted={builder.split(":")[0].split(".")[0]}, force=force,
+                                 inputs=parsed)
 
     def index_checkpoint(self, path, name: str | None = None, force: bool = False) -> dict:
         """Record a weights file's tensors (no module); returns its row."""
@@ -264,53 +356,26 @@ class Zoo:
         return copy_registry(self.url, registry_url(target), replace)
 
 
-class _Materializer:
-    """A gotten module's .materialize(device="cpu", weights=None, dtype=None, strict=True, key_map=None,
-    copy=True, cast_non_persistent=False, reinit=False) (see zoo.materialize.materialize); `weights` may
-    also be a tag recorded for the model, hf://ORG/NAME, or "constructor" for a model whose constructor loads
-    weights files it ships (checked by sha256, then loaded by the constructor itself). An object, not a
-    closure, so that the module pickles."""
+def _tokenized(name, module, inputs) -> dict:
+    """scan(name, "some text"): the text as token ids from the model's tokenizer in the local HF cache,
+    the model's other recorded inputs (decoder_input_ids) at the same length."""
+    import torch
 
-    def __init__(self, module, url: str, name: str):
-        self.module, self.url, self.name = module, url, name
+    from zoo.analysis.inputs import input_spec_of, make_inputs
+    from zoo.errors import AnalysisError
 
-    def __call__(self, device="cpu", weights=None, dtype=None, strict=True, key_map=None, copy=True,
-                 cast_non_persistent=False, reinit=False):
-        from zoo.indexer import CONSTRUCTOR_TAG
-        from zoo.materialize import materialize
+    recipe = module.__dict__.get("_zoo_recipe")
+    if len(inputs) != 1 or not isinstance(name, str) or recipe is None or recipe.family != "hf":
+        raise AnalysisError("text is scanned for a registered hf model, as its one input: "
+                            "zoo.scan('hf/ORG/NAME', 'some text')")
+    from zoo.families import hf
 
-        registry = Zoo(self.url)
-        if isinstance(weights, str) and weights == CONSTRUCTOR_TAG and registry.constructor_files(self.name):
-            weights = None  # the constructor reads its own files, now checked, exactly as it does eagerly
-        else:
-            weights = registry.weights_path(self.name, weights)
-        return materialize(self.module, device=device, weights=weights, dtype=dtype, strict=strict, key_map=key_map,
-                           copy=copy, cast_non_persistent=cast_non_persistent,
-                           recipe=self.module.__dict__.get("_zoo_recipe"), reinit=reinit)
-
-
-class _LoadOnFirstCall:
-    """dispatch="lazy": a forward pre-hook that materializes the module, and removes itself once that worked."""
-
-    def __init__(self, options: dict):
-        self.options, self.handle = options, None
-
-    def __call__(self, module, args, kwargs):
-        module.materialize(**self.options)
-        self.handle.remove()
-
-
-def _check_against_record(name: str, module, recorded: bytes) -> None:
-    """A build must match its row: the installed library may differ from the one that indexed it."""
-    from zoo.inspection import inspect_module
-    from zoo.model_info import decode_tensors
-
-    want = {t.name: (t.shape, t.dtype) for t in decode_tensors(recorded)}
-    got = {t.name: (t.shape, t.dtype) for t in inspect_module(module).tensor_table}
-    if want != got:
-        diff = sorted(set(want.items()) ^ set(got.items()))[:5]
-        raise RegistryDrift(f"{name}: the installed library builds other tensors than the registry records "
-                            f"(first differences: {diff}); re-index it with `zoo index`")
+    repo = name.removeprefix("hf/")
+    ids = hf.tokenize(repo, inputs[0])
+    spec = input_spec_of(module) or {"kwargs": {"input_ids": {"shape": ["seq"], "dtype": "int64"}}}
+    _, kwargs = make_inputs(spec, batch=1, seq_len=len(ids))
+    kwargs["input_ids"] = torch.tensor([ids], dtype=torch.int64).to("meta")
+    return kwargs
 
 
 def _is_file(path: str) -> bool:

@@ -3,12 +3,12 @@
 import argparse
 import contextlib
 import json
-import os
 import sys
 
 from zoo import render
+from zoo.cli_index import cmd_index, hub_listing, progress_reporter
 from zoo.render import human, table
-from zoo.errors import ZooError
+from zoo.errors import InvalidArgument, ModelNotFound, ZooError
 
 
 def cmd_search(zoo, args) -> int:
@@ -24,7 +24,7 @@ def cmd_search(zoo, args) -> int:
     if not found:
         print("no models match", file=sys.stderr)
         return 0
-    columns = render.SEARCH_COLUMNS
+    columns = render.search_columns(args.expression, args.sort)
     print(table([list(columns)] + [[render.cell(i, c) for c in columns] for i in found]))
     if args.limit and len(found) == args.limit:
         print(f"(first {args.limit}; --limit 0 for all)", file=sys.stderr)
@@ -77,14 +77,22 @@ def cmd_show(zoo, args) -> int:
 
 def cmd_estimate(zoo, args) -> int:
     result = zoo.estimate(args.name, batch=args.batch, dtype=args.dtype, training=args.training,
-                          optimizer=args.optimizer, seq_len=args.seq_len)
+                          optimizer=args.optimizer, seq_len=args.seq_len, kv_dtype=args.kv_dtype,
+                          weights_dtype=args.weights_dtype, group_size=args.group_size,
+                          checkpointing=args.checkpointing)
     if args.json:
         print(json.dumps(result.as_dict(), indent=1))
         return 0
     mode = f"training, {result.optimizer}" if result.training else "inference"
     seq = f", seq_len {result.seq_len}" if result.seq_len else ""
+    if result.checkpointing:
+        mode += ", activation checkpointing"
+    quantized = f" ({result.weights_dtype}" + (f", group {result.group_size})" if result.group_size else ")") \
+        if result.weights_dtype else ""
     rows = [[f"{args.name}: batch {result.batch}, {result.dtype}, {mode}{seq}", ""],
-            ["weights", human(result.weights, "B")]]
+            [f"weights{quantized}", human(result.weights, "B")]]
+    if result.kv_cache:
+        rows.append([f"KV cache ({result.kv_dtype})", human(result.kv_cache, "B")])
     if result.training:
         rows += [["gradients", human(result.gradients, "B")], ["optimizer states", human(result.optimizer_states, "B")]]
     rows += [["inputs", human(result.inputs, "B")], ["activations (peak, measured on meta)", human(result.activations, "B")],
@@ -92,6 +100,8 @@ def cmd_estimate(zoo, args) -> int:
     if result.upper_bound != result.total:
         rows.append(["sum of the parts (upper bound)", human(result.upper_bound, "B")])
     print(table(rows))
+    for note in result.notes:
+        print(f"note: {note}")
     return 0
 
 
@@ -110,83 +120,37 @@ def cmd_check(zoo, args) -> int:
 
 
 def cmd_weights(zoo, args) -> int:
+    if args.action == "list":
+        return _weights_list(zoo, args)
+    if args.path is None:
+        raise InvalidArgument("zoo weights add NAME PATH: give the weights file to record")
     sha256 = zoo.add_weights(args.name, args.path, tag=args.tag, strict=not args.allow_partial)
     print(json.dumps({"name": args.name, "tag": args.tag, "sha256": sha256}) if args.json
           else f"recorded {args.path} as {args.name} weights {args.tag!r} (sha256 {sha256[:16]}...)")
     return 0
 
 
-def cmd_rm(zoo, args) -> int:
-    print(f"removed {zoo.remove(args.name)}")
+def _weights_list(zoo, args) -> int:
+    if args.path is not None:
+        raise InvalidArgument(f"zoo weights list NAME takes no file (got {args.path!r})")
+    arch, variants = zoo.variants(args.name)
+    try:
+        tags = zoo.info(arch).weights  # zoo weights add: files recorded for the architecture itself
+    except ModelNotFound:  # only its variants are recorded
+        tags = []
+    if args.json:
+        print(json.dumps({"architecture": arch, "variants": [v.as_dict() for v in variants], "tags": tags}, indent=1))
+        return 0
+    if not variants and not tags:
+        print(f"{arch}: no pretrained variants or weights tags recorded", file=sys.stderr)
+        return 0
+    print(table(render.variant_table(arch, variants, tags)))
     return 0
 
 
-def _progress_reporter(quiet: bool, doing: str = "indexing"):
-    if quiet:
-        return None, None
-    from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
-
-    bar = Progress(TextColumn(doing), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
-                   TextColumn("{task.description}"), console=Console(stderr=True))
-    task = bar.add_task("", total=None)
-
-    def report(name, done, total):
-        bar.update(task, completed=done, total=total, description=name)
-
-    return bar, report
-
-
-def cmd_index(zoo, args) -> int:
-    fresh = not zoo.exists()
-    try:
-        return _index(zoo, args)
-    finally:
-        if fresh and zoo.exists():
-            print(f"created a new registry at {zoo}", file=sys.stderr)
-
-
-def _index(zoo, args) -> int:
-    if args.source == "builder":
-        return _index_single(args, lambda: zoo.index_builder(args.target, args.name, json.loads(args.kwargs),
-                                                             force=args.force))
-    if args.source == "checkpoint":
-        return _index_single(args, lambda: zoo.index_checkpoint(args.target, args.name, force=args.force))
-    workers = min(args.jobs, os.cpu_count() or 1)
-    if workers < args.jobs and args.source != "hf":
-        print(f"-j {args.jobs}: using {workers} worker processes, the CPU count", file=sys.stderr)
-    bar, report = _progress_reporter(args.quiet or args.json)
-    try:
-        if bar:
-            bar.start()
-        outcome = zoo.index(args.source, args.targets, jobs=args.jobs, force=args.force, name=args.name,
-                            revision=args.revision, progress=report)
-    except KeyboardInterrupt:
-        print("\ninterrupted: every model finished so far is committed; run the same command to continue",
-              file=sys.stderr)
-        return 130
-    finally:
-        if bar:
-            bar.stop()
-    if args.json:
-        print(json.dumps(outcome.as_dict(), indent=1))
-    else:
-        print(f"{args.source}: {len(outcome.indexed)} indexed, {len(outcome.unchanged)} unchanged, "
-              f"{len(outcome.failed)} failed")
-        for name, error in sorted(outcome.failed.items()):
-            print(f"  failed {name}: {error}")
-    return 1 if args.source == "hf" and outcome.failed else 0
-
-
-def _index_single(args, run) -> int:
-    record = run()
-    if args.json:
-        print(json.dumps({k: record[k] for k in ("name", "status", "error", "params", "bytes")}, indent=1))
-    elif record["status"] == "ok":
-        print(f"indexed {record['name']}: {human(record['params'])} params, {human(record['bytes'], 'B')}")
-    else:
-        print(f"recorded {record['name']} as failed: {record['error']}")
-    return 0 if record["status"] == "ok" else 1
+def cmd_rm(zoo, args) -> int:
+    print(f"removed {zoo.remove(args.name)}")
+    return 0
 
 
 def cmd_db(zoo, args) -> int:
@@ -217,7 +181,7 @@ def cmd_serve(zoo, args) -> int:
 def cmd_catalog(zoo, args) -> int:
     from zoo.web.export import export_catalog
 
-    bar, report = _progress_reporter(args.quiet, "exporting")
+    bar, report = progress_reporter(args.quiet, "exporting")
     with bar or contextlib.nullcontext():
         done = export_catalog(args.out, zoo.url, trees=args.trees, progress=report)
     print(f"wrote {done['models']} models to {done['out']}; serve it with any static server, e.g. "
@@ -258,6 +222,12 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--training", action="store_true", help="a training step (forward, backward, optimizer step)")
     s.add_argument("--optimizer", default="adamw", choices=["adamw", "adam", "sgd", "none"])
     s.add_argument("--seq-len", type=_whole(1, "a sequence length"), default=None, help="sequence length, for models with token inputs")
+    s.add_argument("--kv-dtype", default=None, help="KV cache dtype: fp8, int8, bf16, fp16, fp32 (default: --dtype)")
+    s.add_argument("--weights-dtype", default=None, choices=["int8", "int4", "fp8"],
+                   help="weight-only quantization of the weights term (inference)")
+    s.add_argument("--group-size", type=_whole(1, "a group size"), default=128,
+                   help="int8/int4: elements per fp16 scale (default 128)")
+    s.add_argument("--checkpointing", action="store_true", help="with --training: activation checkpointing")
     s.add_argument("--json", action="store_true")
     s.set_defaults(run=cmd_estimate)
 
@@ -265,17 +235,30 @@ def parser() -> argparse.ArgumentParser:
                        description="index timm|torchvision [PATTERN...]; index builder MODULE:FUNCTION --name NAME "
                                    "[--kwargs JSON]; index checkpoint FILE [--name NAME]; index hf SOURCE... "
                                    "[--name NAME] [--revision REV] (SOURCE: a config.json, a directory holding one, "
-                                   "or a hub repo id ORG/NAME)")
+                                   "or a hub repo id ORG/NAME); index hf --author|--search|--filter|--local-cache")
     s.add_argument("source", choices=["timm", "torchvision", "builder", "checkpoint", "hf"])
     s.add_argument("targets", nargs="*", metavar="TARGET",
                    help="glob patterns, MODULE:FUNCTION, a checkpoint file, or hf config sources")
     s.add_argument("--name", help="registry name (builder, checkpoint, one hf source; default hf/ORG/NAME)")
     s.add_argument("--revision", help="hub branch, tag or commit of an hf repo id (default main)")
+    s.add_argument("--author", help="hf: index the hub's repos of this user or organization (config.json only)")
+    s.add_argument("--search", help="hf: index the hub's repos whose name contains TEXT")
+    s.add_argument("--filter", help="hf: index the hub's repos with this task or tag (e.g. text-generation)")
+    s.add_argument("--limit", type=_whole(1, "a number of repos"), help="hf: at most N repos from the listing")
+    s.add_argument("--local-cache", action="store_true", help="hf: every model in the local hub cache, offline")
     s.add_argument("--kwargs", default="{}", help="JSON keyword arguments for a builder")
+    s.add_argument("--input", default=None,
+                   help="a builder's input, the batch first: 1,3,224,224, or JSON for several inputs and dtypes: "
+                        '[{"shape": [1, 16], "dtype": "int64", "name": "input_ids"}] (gives it FLOPs, scan, estimate)')
     s.add_argument("--jobs", "-j", type=_whole(1, "a number of workers"), default=1,
                    help="worker processes (at most the CPU count)")
     s.add_argument("--force", action="store_true",
                    help="rebuild models even if unchanged; replace a model of another family or builder")
+    s.add_argument("--pretrained", action="store_true",
+                   help="timm/torchvision: a row per pretrained variant (resnet50.a1_in1k), with its published "
+                        "metadata and metrics, instead of the architectures")
+    s.add_argument("--results", help="with timm --pretrained: the folder of timm's published results-*.csv "
+                                     "(default: catalog/timm-results)")
     s.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
     s.add_argument("--json", action="store_true")
     s.set_defaults(run=cmd_index)
@@ -287,10 +270,11 @@ def parser() -> argparse.ArgumentParser:
     s.set_defaults(run=cmd_check)
 
     s = sub.add_parser("weights", parents=[common],
-                       help="record a weights file for a model under a tag (sha256 checked on load)")
-    s.add_argument("action", choices=["add"])
+                       help="add: record a weights file for a model under a tag (sha256 checked on load); "
+                            "list: every pretrained variant of an architecture and its recorded tags")
+    s.add_argument("action", choices=["add", "list"])
     s.add_argument("name")
-    s.add_argument("path")
+    s.add_argument("path", nargs="?", help="add: the weights file")
     s.add_argument("--tag", default="default")
     s.add_argument("--allow-partial", action="store_true", help="record even with missing or unexpected keys")
     s.add_argument("--json", action="store_true")
@@ -346,8 +330,12 @@ def main(argv=None) -> int:
             if args.source == "builder" and not args.name:
                 p.error("index builder needs --name")
             args.target = args.targets[0]
-        if args.source == "hf" and not args.targets:
-            p.error("index hf takes one or more SOURCEs: config.json files, directories, or hub repo ids")
+        if args.input is not None and args.source != "builder":
+            p.error("--input applies to index builder")
+        if hub_listing(args) and (args.source != "hf" or args.targets or args.name or args.revision):
+            p.error("--author/--search/--filter/--limit/--local-cache: index hf from the hub, with no SOURCE")
+        if args.source == "hf" and not args.targets and not hub_listing(args):
+            p.error("index hf takes SOURCEs (config.json files, directories, hub repo ids) or --author/--search/...")
     if args.command == "db" and (len(args.urls) != 2 if args.action == "copy" else args.urls):
         p.error("db copy takes SRC and DST (registry URLs or paths); the other db actions take --registry")
     from zoo.api import Zoo

@@ -12,7 +12,7 @@ from datetime import datetime
 @dataclass(frozen=True)
 class Column:
     name: str
-    kind: str  # "text", "int", "json" (JSON text), "shape" (JSON list, read as a tuple), "datetime"
+    kind: str  # "text", "int", "float", "json" (JSON text), "shape" (JSON list, read as a tuple), "datetime"
     doc: str
     size: int | None = None  # text and JSON: a VARCHAR of this many characters; None: unbounded TEXT
     wide: bool = True  # int: 64-bit
@@ -28,10 +28,10 @@ class Column:
     @property
     def search_type(self) -> str:
         """What the search grammar compares it as: "number" or "string"."""
-        return "number" if self.kind == "int" else "string"
+        return "number" if self.kind in ("int", "float") else "string"
 
     def python_type(self):
-        base = {"text": str, "int": int, "json": object, "shape": tuple, "datetime": datetime}[self.kind]
+        base = {"text": str, "int": int, "float": float, "json": object, "shape": tuple, "datetime": datetime}[self.kind]
         return base | None if self.nullable else base
 
     def decode(self, value):
@@ -79,6 +79,8 @@ COLUMNS: tuple[Column, ...] = (
     Column("source_hash", "text", "recipe + library versions: unchanged means not rebuilt", size=64, nullable=False,
            public=False),
     Column("indexed_at", "datetime", "when it was recorded (UTC)", nullable=False),
+    Column("structure_digest", "text", "zoo.structure digest of the build and its analysis input: equal digests "
+           "share one analysis", size=64, indexed=True, public=False),
     Column("flops", "int", "inference FLOPs at batch 1, 2 per multiply-accumulate", indexed=True, searchable=True,
            unit="FLOPs", analysis=True),
     Column("macs", "int", "multiply-accumulates at batch 1 (torchvision's 'GFLOPS')", searchable=True, unit="MACs",
@@ -91,6 +93,76 @@ COLUMNS: tuple[Column, ...] = (
     Column("scan_status", "text", "ok, error or no-input; empty: not analysed", size=16, searchable=True,
            analysis=True),
     Column("scan_error", "text", "why the meta forward failed", analysis=True),
+    # Pretrained variants (issue 11): a row per published weights of an architecture.
+    Column("kind", "text", "architecture, or variant: an architecture with published weights", size=16,
+           nullable=False, indexed=True, searchable=True, default="architecture"),
+    Column("arch_name", "text", "the architecture row's name (an architecture's own name)", size=255,
+           indexed=True, searchable=True),
+    Column("tag", "text", "the weights' tag as the library names it, e.g. a1_in1k, IMAGENET1K_V2", size=128,
+           searchable=True),
+    Column("license", "text", "the weights' (or hub repo's) license, e.g. apache-2.0", size=64, indexed=True,
+           searchable=True),
+    Column("dataset", "text", "what the weights were trained on, as published, e.g. ImageNet-1K", size=128,
+           searchable=True),
+    Column("num_classes", "int", "classes of the classifier head the weights carry (0: features)",
+           searchable=True, unit="classes"),
+    Column("weights_bytes", "int", "size of the published weights file", searchable=True, unit="bytes"),
+    Column("weights_source", "json", "where the weights come from: timm {hf_hub_id, hf_hub_filename, url}; "
+           "torchvision {url, sha256_prefix (the hex in the file name, as torch.hub checks it), file, and "
+           "ignore_prefixes: keys the file holds that the model drops}"),
+    Column("preprocess", "json", "input_size, test_input_size, crop_pct, test_crop_pct, crop_mode, interpolation, "
+           "mean, std (timm's pretrained cfg); torchvision: input_size = [3, crop], resize_size, crop_mode center, "
+           "crop_pct and test sizes empty"),
+    Column("card", "json", "published facts beyond the metrics: paper, recipe, origin, notes"),
+    Column("metrics", "json", "every published metric, {dataset: {metric: value}}"),
+    Column("top1", "float", "top-1 accuracy on ImageNet-1k validation, as published", indexed=True,
+           searchable=True, unit="%"),
+    Column("top5", "float", "top-5 accuracy on ImageNet-1k validation, as published", searchable=True, unit="%"),
+    Column("real_top1", "float", "top-1 on ImageNet-ReaL labels", searchable=True, unit="%"),
+    Column("real_top5", "float", "top-5 on ImageNet-ReaL labels", searchable=True, unit="%"),
+    Column("v2_top1", "float", "top-1 on ImageNetV2 matched-frequency", searchable=True, unit="%"),
+    Column("v2_top5", "float", "top-5 on ImageNetV2 matched-frequency", searchable=True, unit="%"),
+    Column("sketch_top1", "float", "top-1 on ImageNet-Sketch", searchable=True, unit="%"),
+    Column("sketch_top5", "float", "top-5 on ImageNet-Sketch", searchable=True, unit="%"),
+    Column("a_top1", "float", "top-1 on ImageNet-A (natural adversarial)", searchable=True, unit="%"),
+    Column("a_top5", "float", "top-5 on ImageNet-A", searchable=True, unit="%"),
+    Column("r_top1", "float", "top-1 on ImageNet-R (renditions)", searchable=True, unit="%"),
+    Column("r_top5", "float", "top-5 on ImageNet-R", searchable=True, unit="%"),
+    Column("box_map", "float", "COCO val2017 box mAP", searchable=True, unit="%"),
+    Column("mask_map", "float", "COCO val2017 mask mAP", searchable=True, unit="%"),
+    Column("keypoint_map", "float", "COCO val2017 keypoint mAP", searchable=True, unit="%"),
+    Column("miou", "float", "segmentation mean IoU (COCO-val2017-VOC-labels for torchvision)", searchable=True,
+           unit="%"),
+    Column("pixel_acc", "float", "segmentation pixel accuracy", searchable=True, unit="%"),
+    Column("k400_top1", "float", "top-1 on Kinetics-400 (video clips)", searchable=True, unit="%"),
+    Column("k400_top5", "float", "top-5 on Kinetics-400", searchable=True, unit="%"),
+    # Language models (issue 12): from the built module and its config.
+    Column("inputs", "json", "the input spec analysis ran with: [{name, shape, dtype}, ...]", analysis=True),
+    Column("active_params", "int", "parameters used per token (MoE: shared + routed top-k; dense: params)",
+           indexed=True, searchable=True, unit="elements"),
+    Column("kv_bytes_per_token", "int", "KV-cache bytes per token at the config dtype, all layers",
+           searchable=True, unit="bytes"),
+    Column("flops_per_token", "int", "prefill FLOPs per token at the input spec's length", searchable=True,
+           unit="FLOPs", analysis=True),
+    Column("context_length", "int", "maximum positions the config allows", searchable=True, unit="tokens"),
+    Column("sliding_window", "int", "attention window of sliding-window layers, where any", searchable=True,
+           unit="tokens"),
+    Column("layers", "int", "transformer layers (decoder layers for encoder-decoder)", searchable=True,
+           unit="layers"),
+    Column("hidden_size", "int", "model width", searchable=True, unit="elements"),
+    Column("heads", "int", "attention (query) heads", searchable=True, unit="heads"),
+    Column("kv_heads", "int", "key/value heads (grouped-query attention: fewer than heads)", searchable=True,
+           unit="heads"),
+    Column("vocab_size", "int", "tokenizer vocabulary", searchable=True, unit="tokens"),
+    Column("experts", "int", "routed experts per MoE layer (0: dense)", searchable=True, unit="experts"),
+    Column("experts_per_token", "int", "routed experts each token uses", searchable=True, unit="experts"),
+    # The hub's own metadata for hf rows (issue 12).
+    Column("downloads", "int", "hub downloads (last 30 days) when indexed", searchable=True, unit="downloads"),
+    Column("likes", "int", "hub likes when indexed", searchable=True, unit="likes"),
+    Column("gated", "text", "hub gating: false, auto or manual", size=16, searchable=True),
+    Column("last_modified", "datetime", "hub repo's last modification"),
+    Column("hub_params", "int", "the hub's parameter count from the safetensors metadata", searchable=True,
+           unit="elements"),
 )
 
 BY_NAME = {c.name: c for c in COLUMNS}

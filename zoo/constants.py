@@ -38,3 +38,12 @@ def lock_timeout_s() -> float:
     if not math.isfinite(seconds) or not 0 <= seconds <= 86_400:
         raise InvalidArgument(f"ZOO_LOCK_TIMEOUT is a number of seconds from 0 to 86400, not {value!r}")
     return seconds
+
+
+def cache_dir() -> Path:
+    """ZOO_CACHE: where zoo keeps what it may recompute (which weights files it has hash-checked);
+    default $XDG_CACHE_HOME/zoo, else ~/.cache/zoo."""
+    value = os.environ.get("ZOO_CACHE", "").strip()
+    if value:
+        return Path(value).expanduser()
+    return Path(os.environ.get("XDG_CACHE_HOME", "").strip() or Path.home() / ".cache").expanduser() / "zoo"

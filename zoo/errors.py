@@ -125,7 +125,12 @@ def _first(keys, n: int = 8) -> str:
 
 
 class HubUnavailable(ZooError, ConnectionError):
-    """A Hugging Face hub file is neither in the local cache nor downloadable (offline, not found, gated)."""
+    """A Hugging Face hub file is neither in the local cache nor downloadable (offline, not found, gated).
+    `kind`, where known, says why, so a bulk index knows whether to retry: gated, no-config, transient."""
+
+    def __init__(self, message: str = "", kind: str | None = None):
+        super().__init__(message)
+        self.kind = kind
 
 
 class MaterializeError(ZooError, RuntimeError):
@@ -134,6 +139,10 @@ class MaterializeError(ZooError, RuntimeError):
 
 class AnalysisError(ZooError, ValueError):
     """scan / estimate cannot run: no input spec, a module not on meta, a bad dtype or optimizer."""
+
+
+class TokenizerNotCached(AnalysisError, LookupError):
+    """Text was given to scan, and the model's tokenizer is not in the local Hugging Face cache."""
 
 
 class AnalysisTimeout(ZooError, TimeoutError):

@@ -4,6 +4,7 @@ import hashlib
 import json
 import multiprocessing
 import os
+import time
 import warnings
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from dataclasses import dataclass, field
@@ -15,7 +16,8 @@ from zoo.recipe import Recipe
 from zoo.registry import db, store
 
 # Bump when what a build records changes: every model is then rebuilt on the next index.
-RECORD_VERSION = 2  # 2: analysis columns (flops, macs, activation bytes, output shapes, scan status)
+RECORD_VERSION = 3  # 2: analysis columns (flops, macs, activation bytes, output shapes, scan status); 3: inputs,
+# flops_per_token, LLM fields, hf input specs
 
 
 @dataclass
@@ -23,24 +25,36 @@ class Outcome:
     indexed: list[str] = field(default_factory=list)
     unchanged: list[str] = field(default_factory=list)
     failed: dict[str, str] = field(default_factory=dict)  # name -> error
+    timings: dict[str, dict] = field(default_factory=dict)  # name -> seconds: build, analysis, save
 
     def as_dict(self) -> dict:
-        return {"indexed": len(self.indexed), "unchanged": len(self.unchanged), "failed": self.failed}
+        out = {"indexed": len(self.indexed), "unchanged": len(self.unchanged), "failed": self.failed}
+        return {**out, "timings": self.timings} if self.timings else out  # built models only
 
 
-def source_hash(recipe: Recipe, versions: dict) -> str:
-    """Identifies everything a build depends on; an unchanged hash means an unchanged row."""
-    key = json.dumps([RECORD_VERSION, recipe.family, recipe.builder, recipe.kwargs, versions], sort_keys=True)
+def source_hash(recipe: Recipe, versions: dict, variant: dict | None = None) -> str:
+    """Identifies everything a build depends on; an unchanged hash means an unchanged row. A variant's
+    published metadata (metrics, source, preprocessing) is part of it: new results re-record it."""
+    key = json.dumps([RECORD_VERSION, recipe.family, recipe.builder, recipe.kwargs, versions]
+                     + ([variant] if variant else []), sort_keys=True)
     return hashlib.sha256(key.encode()).hexdigest()
 
 
-def record_of(name: str, recipe: Recipe, trusted: set[str] | None = None) -> tuple[dict, list | None]:
+def record_of(name: str, recipe: Recipe, trusted: set[str] | None = None, variant: dict | None = None,
+              inputs: list | None = None, known: dict | None = None) -> tuple[dict, list | None]:
     """Build one model on meta and describe it: the registry row and its tensor table.
-    A build that fails gives a row with status "error" and the reason, never an exception."""
+    A build that fails gives a row with status "error" and the reason, never an exception.
+    variant: a pretrained variant's published columns (a family's variants()); they are recorded even
+    when the build fails, and its analysis runs at the weights' own input size. `inputs`: a user
+    model's input spec (zoo.analysis.inputs.parse_inputs), for a family that documents none. `known`:
+    structure digest -> analysis columns already recorded; a build with a known digest reuses its analysis,
+    and a new one is added to it (zoo.structure)."""
     fam = family(recipe.family)
     versions = fam.versions()
     base = dict(name=name, family=recipe.family, builder=recipe.builder, kwargs=recipe.kwargs_json(),
-                versions=json.dumps(versions, sort_keys=True), source_hash=source_hash(recipe, versions))
+                versions=json.dumps(versions, sort_keys=True), source_hash=source_hash(recipe, versions, variant),
+                **_variant_columns(variant))
+    started = time.perf_counter()
     try:
         from zoo.build import build_meta
         from zoo.inspection import inspect_module
@@ -50,20 +64,53 @@ def record_of(name: str, recipe: Recipe, trusted: set[str] | None = None) -> tup
             warnings.simplefilter("ignore")
             module = build_meta(recipe, trusted, files_read=files_read)
         summary = inspect_module(module)
-        described = fam.describe(recipe.builder, module)
+        described = fam.describe(recipe.builder, module, **({"tag": variant["tag"]} if variant else {}))
+        llm = {}
+        if recipe.family == "hf":  # language-model fields from the built module and its config
+            from zoo.analysis.llm import llm_fields
+
+            llm = llm_fields(module, module.config)
     except Exception as e:  # recorded, not raised: one broken model must not stop an index run
-        return {**base, "status": "error", "error": reason(e.__cause__ or e)}, None
-    analysis = _analyze(module, described.get("input"))
+        return {**base, "status": "error", "error": reason(e.__cause__ or e),
+                "timing": {"build_s": round(time.perf_counter() - started, 4)}}, None
+    built = time.perf_counter()
+    spec = described.get("input")
+    if spec is None and inputs:
+        from zoo.analysis.inputs import spec_of_inputs
+
+        spec = spec_of_inputs(inputs)
+    from zoo.structure import structure_digest
+
+    # the analysis also depends on the libraries and on zoo's analysis code: both are part of the key
+    digest = structure_digest(module, (spec, base["versions"], RECORD_VERSION))
+    reused = known is not None and digest in known
+    analysis = dict(known[digest]) if reused else _analyze(module, spec)
+    if known is not None and digest is not None and analysis.get("scan_status") == "ok":
+        known[digest] = analysis
     cls = type(module)
     return {
+        # seconds per stage, for `zoo index --json` (not a column: write_model takes only COLUMNS)
+        "timing": {"build_s": round(built - started, 4), "analysis_s": round(time.perf_counter() - built, 4),
+                   "analysis_reused": reused},
+        "structure_digest": digest,
         **base, "status": "ok", "error": None, "arch": f"{cls.__module__}.{cls.__qualname__}",
         "constructor_files": sorted(set(files_read)),  # recorded as weights tags, not a column
-        "task": described["task"],
+        "task": base.get("task") or described["task"],
         "input_size": BY_NAME["input_size"].encode(described["input_size"] or None),
         "dtype": summary.dtype, "params": summary.params, "trainable": summary.trainable,
         "buffers": summary.buffers, "tensors": summary.tensors, "param_bytes": summary.param_bytes,
-        "buffer_bytes": summary.buffer_bytes, "bytes": summary.bytes, **analysis,
+        "buffer_bytes": summary.buffer_bytes, "bytes": summary.bytes, **analysis, **llm,
     }, summary.tensor_table
+
+
+_VARIANT_KEYS = ("builder", "kwargs")  # a variant's recipe, not columns
+
+
+def _variant_columns(variant: dict | None) -> dict:
+    """A variant's published fields as the registry stores them (JSON columns encoded)."""
+    if not variant:
+        return {}
+    return {k: BY_NAME[k].encode(v) for k, v in variant.items() if k not in _VARIANT_KEYS}
 
 
 def _analyze(module, spec) -> dict:
@@ -123,13 +170,44 @@ def _worker_start(parent: int) -> None:
         eng.dispose(close=False)
 
 
-def _build_in_worker(name: str, recipe: Recipe):
-    return record_of(name, recipe)
+_known: dict = {}  # structure digest -> analysis, set by index_family before its workers fork: they inherit it
+
+
+def _build_in_worker(name: str, recipe: Recipe, variant: dict | None = None):
+    return record_of(name, recipe, variant=variant, known=_known)
+
+
+def wanted_variants(family_name: str, patterns=(), results=None) -> dict[str, tuple[Recipe, dict]]:
+    """name -> (recipe, published columns) of every pretrained variant of a family matching the patterns;
+    timm's published results are read from the folder `results` (default: the project's catalog)."""
+    fam = family(family_name)
+    if not hasattr(fam, "variants"):
+        raise InvalidArgument(f"{family_name} has no pretrained variants to index (timm and torchvision have)")
+    if family_name == "timm":
+        rows = fam.variants(patterns, fam.read_results(results or default_results()))
+    else:
+        if results is not None:
+            raise InvalidArgument("results (published validation results) apply to timm")
+        rows = fam.variants(patterns)
+    return {f"{family_name}/{v['builder'] if family_name == 'timm' else v['builder'] + '.' + v['tag']}":
+            (Recipe(family_name, v["builder"], v["kwargs"]), v) for v in rows}
+
+
+def default_results() -> str:
+    """The project's copy of timm's published results (catalog/timm-results, with its provenance)."""
+    from pathlib import Path
+
+    folder = Path(__file__).resolve().parent.parent / "catalog" / "timm-results"
+    if not folder.is_dir():
+        raise InvalidArgument(f"timm's published results are not at {folder}: pass the folder that holds "
+                              f"results-imagenet.csv (zoo index timm --pretrained --results DIR)")
+    return str(folder)
 
 
 def index_family(url: str, family_name: str, patterns=(), jobs: int = 1, force: bool = False,
-                 progress=None) -> Outcome:
-    """Index every model of a family matching the patterns; unchanged ones are skipped.
+                 progress=None, pretrained: bool = False, results=None) -> Outcome:
+    """Index every model of a family matching the patterns; unchanged ones are skipped. pretrained: its
+    pretrained variants instead (a row per published weights; timm's results from the folder `results`).
 
     `progress(name, done, total)` is called after each model. Ctrl-C stops after the models
     already committed; a re-run continues where this one stopped.
@@ -137,22 +215,36 @@ def index_family(url: str, family_name: str, patterns=(), jobs: int = 1, force: 
     jobs = workers_for(jobs)
     fam = family(family_name)
     versions = fam.versions()
+    if pretrained:
+        variants = wanted_variants(family_name, patterns, results)  # bad input refused before the registry
+    elif results is not None:
+        raise InvalidArgument("results apply to pretrained variants (pretrained=True)")
     db.open_registry(url, write=True, create=True)  # create or check the schema before any work
-    wanted = {f"{family_name}/{b}": Recipe(family_name, b) for b in fam.available(patterns)}
+    if pretrained:
+        wanted = {n: r for n, (r, _) in variants.items()}
+        published = {n: v for n, (_, v) in variants.items()}
+    else:
+        wanted = {f"{family_name}/{b}": Recipe(family_name, b) for b in fam.available(patterns)}
+        published = {}
     outcome = Outcome()
+    global _known
     with db.session(url) as s:
+        _known = store.analyses_by_digest(s, family_name) if not force else {}
         for name, recipe in list(wanted.items()):
-            if not force and store.ok_hash_of(s, name) == source_hash(recipe, versions):
+            if not force and store.ok_hash_of(s, name) == source_hash(recipe, versions, published.get(name)):
                 outcome.unchanged.append(name)
                 del wanted[name]
     total, done = len(wanted), 0
 
     def finish(record, table):
         nonlocal done
+        saving = time.perf_counter()
         try:
             save(url, record, table, replace=force)
         except ModelExists as e:  # a user row under this family's name: left alone, reported
             record = {**record, "status": "error", "error": str(e)}
+        outcome.timings[record["name"]] = {**record.get("timing", {}),
+                                           "save_s": round(time.perf_counter() - saving, 4)}
         done += 1
         if record["status"] == "ok":
             outcome.indexed.append(record["name"])
@@ -163,12 +255,12 @@ def index_family(url: str, family_name: str, patterns=(), jobs: int = 1, force: 
 
     if jobs <= 1:
         for name, recipe in wanted.items():
-            finish(*record_of(name, recipe))
+            finish(*record_of(name, recipe, variant=published.get(name), known=_known))
         return outcome
     # fork: workers inherit the imported libraries instead of importing them again (seconds each)
     with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("fork"), initializer=_worker_start,
                              initargs=(os.getpid(),)) as pool:
-        pending = {pool.submit(_build_in_worker, n, r) for n, r in wanted.items()}
+        pending = {pool.submit(_build_in_worker, n, r, published.get(n)) for n, r in wanted.items()}
         try:
             while pending:
                 finished, pending = wait(pending, return_when=FIRST_COMPLETED)
@@ -181,8 +273,10 @@ def index_family(url: str, family_name: str, patterns=(), jobs: int = 1, force: 
     return outcome
 
 
-def index_one(url: str, name: str, recipe: Recipe, trusted: set[str] | None = None, force: bool = False) -> dict:
+def index_one(url: str, name: str, recipe: Recipe, trusted: set[str] | None = None, force: bool = False,
+              inputs: list | None = None) -> dict:
     """Index a single model (a user builder); returns its row. force replaces a row of another builder.
+    `inputs`: its input spec ([{name, shape, dtype}], the batch first), recorded so it gets FLOPs too.
     A builder zoo refuses (untrusted, the standard library) is an error, and nothing is written."""
     from zoo.build import vetted
 
@@ -193,7 +287,7 @@ def index_one(url: str, name: str, recipe: Recipe, trusted: set[str] | None = No
         with db.session(url) as s:
             store.check_replace(s, name, recipe.family, recipe.builder, force)
     db.open_registry(url, write=True, create=True)
-    record, table = record_of(name, recipe, trusted)
+    record, table = record_of(name, recipe, trusted, inputs=inputs)
     save(url, record, table, replace=force)
     return record
 

@@ -19,7 +19,9 @@ def _from_row(cls, row, tensor_blob: bytes | None = None, weights: list[dict] | 
 
 def _as_dict(self) -> dict:
     out = {k: getattr(self, k) for k in self.__dataclass_fields__ if k != "tensor_table"}
-    out["indexed_at"] = self.indexed_at.isoformat(timespec="seconds")
+    for c in PUBLIC:
+        if c.kind == "datetime" and out[c.name] is not None:
+            out[c.name] = out[c.name].isoformat(timespec="seconds")
     out["input_size"] = list(self.input_size) if self.input_size else None
     if self.tensor_table is not None:
         out["tensor_table"] = [dict(zip(TENSOR_COLUMNS, t.to_row())) for t in self.tensor_table]

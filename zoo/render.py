@@ -3,6 +3,7 @@
 import json
 
 SEARCH_COLUMNS = ("name", "params", "bytes", "task", "arch")
+VARIANT_COLUMNS = ("name", "top1", "params", "flops", "input_size", "license", "dataset")
 
 
 def human(n: int | None, unit: str = "") -> str:
@@ -43,9 +44,27 @@ def analysis_rows(info) -> list[tuple[str, str]]:
                         f"{human(info.train_activation_bytes, 'B')} saved for backward in training"),
         ("output", outputs + (f", ... ({more} more)" if more > 0 else "")),
     ]
+    if info.flops_per_token:
+        rows.insert(1, ("flops per token", f"{si(info.flops_per_token, 'FLOPs')} (prefill, "
+                                           f"{'x'.join(map(str, info.inputs[0]['shape']))} token ids)"))
     if info.scan_error:
         rows.append(("analysis note", info.scan_error))
-    return rows
+    return rows + llm_rows(info)
+
+
+def llm_rows(info) -> list[tuple[str, str]]:
+    """The language-model fields of an hf row (none for other families)."""
+    if info.active_params is None:
+        return []
+    kv = human(info.kv_bytes_per_token, "B") + " per token" if info.kv_bytes_per_token else "- (no cache: an encoder)"
+    moe = f", {info.experts} experts, {info.experts_per_token} per token" if info.experts else ""
+    return [
+        ("active params", f"{info.active_params:,} ({human(info.active_params)}){moe}"),
+        ("shape", f"{info.layers} layers, hidden {info.hidden_size}, {info.heads} heads, {info.kv_heads} KV heads, "
+                  f"vocab {info.vocab_size}"),
+        ("KV cache", kv + (f" (sliding window {info.sliding_window})" if info.sliding_window else "")),
+        ("context", f"{info.context_length:,} tokens" if info.context_length else "-"),
+    ]
 
 
 def field_rows() -> list[list[str]]:
@@ -55,12 +74,31 @@ def field_rows() -> list[list[str]]:
     return [[c.name, c.search_type, c.unit or "-", c.doc] for c in COLUMNS if c.searchable]
 
 
+def search_columns(expression, sort: str | None = None) -> tuple[str, ...]:
+    """The table's columns: the default ones, plus every published metric (top1, box_map, ...) or other
+    number the search or its sort names, after the name (`zoo search "top1>85"` shows top1)."""
+    import re
+
+    from zoo.columns import COLUMNS
+
+    words = set(re.findall(r"[a-z_0-9]+", f"{expression if isinstance(expression, str) else ''} {sort or ''}"))
+    named = [c.name for c in COLUMNS if c.searchable and c.search_type == "number" and c.name in words
+             and c.name not in SEARCH_COLUMNS]
+    if "variant" in words and "top1" not in named:  # kind=variant: the headline metric
+        named.insert(0, "top1")
+    return ("name", *named, *SEARCH_COLUMNS[1:])
+
+
 def cell(info, column: str) -> str:
     value = getattr(info, column)
-    if column == "params":
+    if column in ("params", "trainable", "active_params", "hub_params"):
         return human(value)
-    if column == "bytes":
+    if column in ("bytes", "param_bytes", "buffer_bytes", "weights_bytes"):
         return human(value, "B")
+    if column in ("flops", "macs") and value is not None:
+        return si(value, column.upper().replace("FLOPS", "FLOPs").replace("MACS", "MACs"))
+    if column == "input_size" and value:
+        return "x".join(map(str, value))
     return "-" if value is None else str(value)
 
 
@@ -86,8 +124,40 @@ def info_rows(info) -> list[tuple[str, str]]:
         ("versions", ", ".join(f"{k} {v}" for k, v in info.versions.items()) or "-"),
         ("indexed", info.indexed_at.isoformat(timespec="seconds")),
     ]
+    if info.kind == "variant":
+        rows[1:1] = variant_rows(info)
     rows += [(f"weights {w['tag']}", f"{w['path']} ({human(w['bytes'], 'B')}, sha256 {w['sha256'][:12]}...)")
              for w in info.weights or []]
+    return rows
+
+
+def variant_rows(info) -> list[tuple[str, str]]:
+    """A pretrained variant's published facts: its architecture, source, license, preprocessing, metrics."""
+    def compact(d: dict) -> str:
+        return ", ".join(f"{k} {'x'.join(map(str, v)) if k.endswith('size') and isinstance(v, list) else v}"
+                         for k, v in d.items() if v is not None)
+
+    rows = [("kind", f"pretrained variant of {info.arch_name}, tag {info.tag}"),
+            ("license", info.license or "-"), ("dataset", info.dataset or "-"),
+            ("classes", "-" if info.num_classes is None else str(info.num_classes)),
+            ("source", compact(info.weights_source or {}) or "-"),
+            ("weights file", human(info.weights_bytes, "B") if info.weights_bytes else "-"),
+            ("preprocess", compact(info.preprocess or {}) or "-")]
+    for dataset, values in (info.metrics or {}).items():
+        shown = {k: v for k, v in values.items() if not k.endswith(("_err", "_diff")) and k not in ("param_count",)} \
+            if isinstance(values, dict) else {"": values}
+        rows.append((f"metrics {dataset}", compact(shown)))
+    rows += [(f"card {k}", str(v)) for k, v in (info.card or {}).items()]
+    return rows
+
+
+def variant_table(arch: str, variants, tags) -> list[list[str]]:
+    """`zoo weights list`: a header and a row per pretrained variant, then the weights tags recorded for the
+    architecture itself (zoo weights add)."""
+    rows = [["name", "tag", "top1", "params", "flops", "input", "license", "dataset", "status"]]
+    rows += [[v.name, v.tag or "-", cell(v, "top1"), cell(v, "params"), cell(v, "flops"), cell(v, "input_size"),
+              v.license or "-", v.dataset or "-", v.status] for v in variants]
+    rows += [[arch, f"{w['tag']} (recorded)", "-", "-", "-", "-", "-", w["path"], "-"] for w in tags]
     return rows
 
 

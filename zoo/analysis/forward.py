@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import inspect
 
 import torch
 from torch import nn
@@ -58,3 +59,10 @@ def loss_of(output) -> torch.Tensor | None:
     terms = [t.float().sum() for t in tensor_leaves(output) if t.is_floating_point() and t.requires_grad]
     return torch.stack(terms).sum() if terms else None
 
+
+def accepts(module: nn.Module, name: str) -> bool:
+    """Whether the module's forward takes a keyword `name` (use_cache, logits_to_keep)."""
+    try:
+        return name in inspect.signature(module.forward).parameters
+    except (TypeError, ValueError):
+        return False

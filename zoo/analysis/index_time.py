@@ -11,8 +11,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from zoo.analysis.forward import device_context, outputs_of, train_mode
-from zoo.analysis.inputs import make_inputs
+from zoo.analysis.forward import accepts, device_context, outputs_of, train_mode
+from zoo.analysis.inputs import inputs_of, make_inputs
 from zoo.analysis.meters import LiveBytes, SavedBytes, flop_counter, known_storages
 from zoo.columns import ANALYSIS
 from zoo.errors import reason
@@ -31,10 +31,22 @@ class Analysis:
     train_activation_bytes: int | None = None  # saved for backward, training mode, batch 1
     peak_activation_bytes: int | None = None  # peak live activations, inference, batch 1
     output_shapes: list | None = None  # [[path, shape, dtype], ...] of the inference output
+    inputs: list | None = None  # [{name, shape, dtype}, ...] the forward ran with (zoo.analysis.inputs.inputs_of)
+    flops_per_token: int | None = None  # flops / the spec's seq_len: prefill cost per token (token models)
 
     def columns(self) -> dict:
         """The registry columns this analysis fills (zoo.columns.ANALYSIS), as the registry stores them."""
         return {c.name: c.encode(getattr(self, _ATTRIBUTE.get(c.name, c.name))) for c in ANALYSIS}
+
+
+def _inputs(module: nn.Module, spec: dict) -> tuple[list, dict]:
+    args, kwargs = make_inputs(spec, batch=1)
+    if getattr(getattr(module, "config", None), "use_cache", None) is False and accepts(module, "use_cache"):
+        # a config saved with use_cache false (TinyLlama v0.4) makes transformers look for packed sequences
+        # in the position ids, which reads values meta tensors lack; with a cache (as generate() prefills,
+        # and as every config that leaves use_cache on runs here) it does not
+        kwargs["use_cache"] = True
+    return args, kwargs
 
 
 def analyze(module: nn.Module, spec: dict | None, budget_s: float | None = DEFAULT_BUDGET_S) -> Analysis:
@@ -46,9 +58,13 @@ def analyze(module: nn.Module, spec: dict | None, budget_s: float | None = DEFAU
     """
     if not spec:
         return Analysis(SCAN_NO_INPUT)
+    try:
+        inputs = inputs_of(spec)
+    except Exception as e:
+        return Analysis(SCAN_ERROR, f"input spec: {reason(e)}")
     deadline = time.perf_counter() + budget_s if budget_s else None
     try:
-        args, kwargs = make_inputs(spec, batch=1)
+        args, kwargs = _inputs(module, spec)
         known = known_storages(module, args, kwargs)
         with device_context(module), train_mode(module, False), torch.no_grad():
             counter = flop_counter()
@@ -58,13 +74,13 @@ def analyze(module: nn.Module, spec: dict | None, budget_s: float | None = DEFAU
             shapes = outputs_of(out)
             del out
     except Exception as e:  # recorded, not raised: a model that cannot run on meta is a finding
-        return Analysis(SCAN_ERROR, reason(e))
+        return Analysis(SCAN_ERROR, reason(e), inputs=inputs)
     flops = int(counter.get_total_flops())
     saved, error = None, None
     # A model that cannot take a training step at batch 1 (BatchNorm over a single value)
     # keeps its inference figures; the training figure stays empty, with the reason.
     try:
-        args, kwargs = make_inputs(spec, batch=1)
+        args, kwargs = _inputs(module, spec)
         known = known_storages(module, args, kwargs)
         with device_context(module), train_mode(module, True), torch.enable_grad():
             with SavedBytes(known, deadline) as sb:
@@ -73,5 +89,6 @@ def analyze(module: nn.Module, spec: dict | None, budget_s: float | None = DEFAU
             del out
     except Exception as e:
         error = f"training forward: {reason(e)}"
-    return Analysis(SCAN_OK, error, flops, flops // 2, saved, live.peak, shapes)
+    per_token = flops // spec["seq_len"] if spec.get("seq_len") else None
+    return Analysis(SCAN_OK, error, flops, flops // 2, saved, live.peak, shapes, inputs, per_token)
 

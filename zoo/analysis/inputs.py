@@ -20,8 +20,8 @@ from zoo.errors import AnalysisError
 
 
 def make_inputs(spec: dict, batch: int = 1, seq_len: int | None = None, dtype=None) -> tuple[list, dict]:
-    """The (args, kwargs) an input spec describes, on meta. Float tensors take `dtype` (float32 by
-    default); integer ones (token ids) stay integers."""
+    """The (args, kwargs) an input spec describes, on meta. Float tensors take `dtype` (else their own
+    dtype, else float32); integer ones (token ids) stay integers."""
     seq = seq_len if seq_len is not None else spec.get("seq_len")
 
     def one(arg):
@@ -36,7 +36,7 @@ def make_inputs(spec: dict, batch: int = 1, seq_len: int | None = None, dtype=No
             shape.append(int(d))
         kind = getattr(torch, arg["dtype"]) if arg.get("dtype") else None
         float_dtype = kind is None or kind.is_floating_point
-        tdtype = (dtype or torch.float32) if float_dtype else kind
+        tdtype = (dtype or kind or torch.float32) if float_dtype else kind
 
         def tensor(s):
             return torch.empty(s, dtype=tdtype, device="meta")
@@ -49,13 +49,97 @@ def make_inputs(spec: dict, batch: int = 1, seq_len: int | None = None, dtype=No
 
 
 def input_spec_of(module: nn.Module) -> dict | None:
-    """The input spec of a module that zoo.get built (its family's describe()); None if it has none."""
+    """The input spec of a module that zoo.get built: its family's describe(), else the spec recorded
+    with the row (a user builder indexed with --input); None if it has none."""
     recipe = getattr(module, "_zoo_recipe", None)
     if recipe is None:
         return None
     from zoo.families import family
 
-    return family(recipe.family).describe(recipe.builder, module).get("input")
+    spec = family(recipe.family).describe(recipe.builder, module).get("input")
+    if spec is None and module.__dict__.get("_zoo_inputs"):
+        spec = spec_of_inputs(module.__dict__["_zoo_inputs"])
+    return spec
+
+
+def inputs_of(spec: dict) -> list[dict]:
+    """The `inputs` column: [{name, shape, dtype}] of a spec's tensors at batch 1 and its own seq_len
+    (name null for a positional argument, in order; "list": n for a list of n tensors)."""
+    args, kwargs = make_inputs(spec, batch=1)
+
+    def one(name, value):
+        if isinstance(value, list):
+            return {"name": name, "shape": list(value[0].shape), "dtype": str(value[0].dtype).removeprefix("torch."),
+                    "list": len(value)}
+        return {"name": name, "shape": list(value.shape), "dtype": str(value.dtype).removeprefix("torch.")}
+
+    return [one(None, a) for a in args] + [one(k, v) for k, v in kwargs.items()]
+
+
+# What a recorded or user-given input may be: bounded, so a registry row or a command line cannot ask
+# for a tensor of any type or rank.
+INPUT_DTYPES = ("float32", "float16", "bfloat16", "float64", "int64", "int32", "bool")
+_MAX_INPUTS, _MAX_RANK = 16, 8
+
+
+def parse_inputs(value) -> list[dict]:
+    """A user's input spec -> the `inputs` column form. `value`: "1,3,224,224" (one float tensor; the
+    first dimension is the batch), a JSON list of such entries ({"shape": [...], "dtype": "int64",
+    "name": "input_ids"}; no name: positional, in order), or that list itself. Raises InvalidArgument."""
+    import json
+
+    from zoo.errors import InvalidArgument
+
+    if isinstance(value, str):
+        text = value.strip()
+        if text.startswith(("[", "{")):
+            try:
+                value = json.loads(text)
+            except json.JSONDecodeError as e:
+                raise InvalidArgument(f"--input is a shape like 1,3,224,224 or a JSON list of "
+                                      f'{{"shape": [...], "dtype": ..., "name": ...}}: {e}') from None
+        else:
+            try:
+                value = [{"shape": [int(d) for d in text.split(",")]}]
+            except ValueError:
+                raise InvalidArgument(f"--input shape is whole numbers separated by commas, e.g. 1,3,224,224, "
+                                      f"not {value!r}") from None
+    if isinstance(value, dict):
+        value = [value]
+    if not isinstance(value, list) or not 1 <= len(value) <= _MAX_INPUTS:
+        raise InvalidArgument(f"an input spec is 1 to {_MAX_INPUTS} inputs, not {value!r}")
+    out, names = [], set()
+    for entry in value:
+        if not isinstance(entry, dict) or set(entry) - {"name", "shape", "dtype"}:
+            raise InvalidArgument(f"an input is {{\"shape\": [...], \"dtype\": ..., \"name\": ...}}, not {entry!r}")
+        shape, dtype, name = entry.get("shape"), entry.get("dtype") or "float32", entry.get("name")
+        if (not isinstance(shape, list) or not 1 <= len(shape) <= _MAX_RANK
+                or not all(isinstance(d, int) and not isinstance(d, bool) and 1 <= d <= 2**31 for d in shape)):
+            raise InvalidArgument(f"an input shape is 1 to {_MAX_RANK} whole numbers >= 1, the batch first, "
+                                  f"not {shape!r}")
+        if dtype not in INPUT_DTYPES:
+            raise InvalidArgument(f"an input dtype is one of {', '.join(INPUT_DTYPES)}, not {dtype!r}")
+        if name is not None and (not isinstance(name, str) or not name.isidentifier() or name in names):
+            raise InvalidArgument(f"an input name is a distinct Python identifier (a forward argument), not {name!r}")
+        if name is None and names:
+            raise InvalidArgument("positional inputs (no name) come before named ones")
+        if name is not None:
+            names.add(name)
+        out.append({"name": name, "shape": list(shape), "dtype": dtype})
+    return out
+
+
+def spec_of_inputs(inputs: list[dict]) -> dict:
+    """The spec of an `inputs` list: its first dimension is the batch (analysis runs at 1, estimate at
+    its batch)."""
+    args, kwargs = [], {}
+    for entry in parse_inputs(inputs):
+        arg = {"shape": entry["shape"][1:], "dtype": entry["dtype"]}
+        if entry["name"] is None:
+            args.append(arg)
+        else:
+            kwargs[entry["name"]] = arg
+    return {"args": args, "kwargs": kwargs}
 
 
 def as_input(value):

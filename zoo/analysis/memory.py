@@ -1,16 +1,19 @@
-"""estimate: the memory to run a model at a batch, dtype and optimizer, measured by running it on meta."""
+"""estimate: the memory to run a model at a batch, dtype and optimizer, measured by running it on meta:
+weights (optionally weight-only quantized), KV cache, activations and the peak."""
 
 from __future__ import annotations
 
 import contextlib
-from dataclasses import asdict, dataclass
+import functools
+import math
+from dataclasses import asdict, dataclass, field
 
 import torch
 from torch import nn
 
-from zoo.analysis.forward import device_context, loss_of, train_mode
+from zoo.analysis.forward import accepts, device_context, loss_of, train_mode
 from zoo.analysis.inputs import input_spec_of, make_inputs, tensor_leaves
-from zoo.analysis.meters import LiveBytes, known_storages, storage_key
+from zoo.analysis.meters import LiveBytes, known_storages, replay_peak, storage_key
 from zoo.errors import AnalysisError, reason
 from zoo.inspection import dtype_name, named_tensors
 
@@ -20,6 +23,19 @@ DTYPES = {
     "fp16": torch.float16, "float16": torch.float16, "half": torch.float16,
     "fp64": torch.float64, "float64": torch.float64,
 }
+# What the KV cache may be held in (serving engines quantize it apart from the weights): bytes per element.
+KV_DTYPES = {**{k: v.itemsize for k, v in DTYPES.items()}, "fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1, "int8": 1}
+# Weight-only quantization formats (inference): bits per element of a quantized tensor. Their bytes:
+#   int8, int4: ceil(elements x bits / 8) + an fp16 scale per group of `group_size` elements along each
+#               row's last (input) dimension: rows x ceil(columns / group_size) x 2 bytes (symmetric, as
+#               GPTQ/AWQ-style group quantization; no zero points).
+#   fp8:        elements x 1 + one fp32 scale per tensor (4 bytes).
+# Quantized tensors: the weight of every nn.Linear but the output head, and every parameter of 2+
+# dimensions of an `experts` module (fused MoE experts); embeddings, norms, biases, the output head and
+# buffers stay at `dtype`, as GPTQ/AWQ checkpoints keep them.
+QUANTIZED = {"int8": 8, "int4": 4, "fp8": 8}
+SCALE_BYTES = 2  # fp16 group scale (int8, int4)
+FP8_SCALE_BYTES = 4  # fp32 per-tensor scale
 
 
 @dataclass(frozen=True)
@@ -48,13 +64,22 @@ class Estimate:
     inputs: int
     activations: int
     total: int
+    # kv_cache: the cache an inference forward with use_cache=True leaves behind (transformers models),
+    # its elements at kv_dtype; not part of `activations`. weights_dtype: a weight-only quantization
+    # (QUANTIZED) with its group size. checkpointing: each repeated block recomputed in backward.
+    kv_cache: int = 0
+    kv_dtype: str | None = None
+    weights_dtype: str | None = None
+    group_size: int | None = None
+    checkpointing: bool = False
+    notes: tuple = field(default_factory=tuple)
 
     @property
     def upper_bound(self) -> int:
-        return self.weights + self.gradients + self.optimizer_states + self.inputs + self.activations
+        return self.weights + self.gradients + self.optimizer_states + self.inputs + self.activations + self.kv_cache
 
     def as_dict(self) -> dict:
-        return {**asdict(self), "upper_bound": self.upper_bound}
+        return {**asdict(self), "notes": list(self.notes), "upper_bound": self.upper_bound}  # as JSON reads back
 
 
 OPTIMIZERS = ("adamw", "adam", "sgd", "none")
@@ -89,21 +114,99 @@ def _dtype(dtype) -> torch.dtype:
         raise AnalysisError(f"dtype must be one of {', '.join(DTYPES)}, not {dtype!r}") from None
 
 
-def measure_step(module: nn.Module, args: list, kwargs: dict, training: bool, optimizer: str | None) -> dict:
+def quantized_bytes(t: torch.Tensor, fmt: str, group_size: int) -> int:
+    """Bytes of one tensor in a weight-only format, by the formula stated at QUANTIZED."""
+    numel = t.numel()
+    if fmt == "fp8":
+        return numel + FP8_SCALE_BYTES
+    columns = t.shape[-1]
+    groups = (numel // columns) * math.ceil(columns / group_size)
+    return math.ceil(numel * QUANTIZED[fmt] / 8) + groups * SCALE_BYTES
+
+
+def quantized_tensors(module: nn.Module) -> list[torch.Tensor]:
+    """The tensors a weight-only quantization stores quantized (see QUANTIZED)."""
+    head = None
+    get_head = getattr(module, "get_output_embeddings", None)
+    if callable(get_head):
+        with contextlib.suppress(Exception):
+            head = get_head()
+    head_weight = getattr(head, "weight", None)
+    found = {}
+    for name, sub in module.named_modules():
+        if isinstance(sub, nn.Linear) and sub is not head and sub.weight is not head_weight:
+            found[id(sub.weight)] = sub.weight
+        elif name.rsplit(".", 1)[-1] == "experts":
+            for p in sub.parameters():
+                if p.dim() >= 2:
+                    found[id(p)] = p
+    return list(found.values())
+
+
+def weight_bytes(module: nn.Module, fmt: str | None = None, group_size: int = 128) -> int:
+    """Parameters and buffers, distinct tensors once; with fmt, the quantized ones by its formula."""
+    if fmt is None:
+        return _nbytes_distinct([*module.parameters(), *module.buffers()])
+    quantized = {id(t): t for t in quantized_tensors(module)}
+    rest = [t for t in [*module.parameters(), *module.buffers()] if id(t) not in quantized]
+    return _nbytes_distinct(rest) + sum(quantized_bytes(t, fmt, group_size) for t in quantized.values())
+
+
+def cache_tensors(value, depth: int = 4) -> list[torch.Tensor]:
+    """The tensors of a transformers cache object (DynamicCache: layers[i].keys / .values; an
+    encoder-decoder's self- and cross-attention caches)."""
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if depth == 0 or value is None or isinstance(value, (str, int, float, bool)):
+        return []
+    if isinstance(value, dict):
+        items = value.values()
+    elif isinstance(value, (list, tuple)):
+        items = value
+    elif hasattr(value, "__dict__"):
+        items = vars(value).values()
+    else:
+        return []
+    return [t for v in items for t in cache_tensors(v, depth - 1)]
+
+
+def measure_step(module: nn.Module, args: list, kwargs: dict, training: bool, optimizer: str | None,
+                 weights_dtype: str | None = None, group_size: int = 128, kv_bytes: int | None = None) -> dict:
     """Run one inference forward, or one training step (forward, backward, optimizer step) in steady
     state (optimizer states already there), under LiveBytes; works on meta and on real devices alike.
-    Returns weights, gradients, optimizer_states, inputs, activations, total (bytes)."""
+    Returns weights, gradients, optimizer_states, inputs, activations, total, kv_cache (bytes).
+
+    Inference of a model whose forward takes use_cache runs with it, as a generate() prefill does (and
+    with logits_to_keep=1 where taken: the prefill needs the last position's logits only): the cache it
+    leaves is kv_cache, its elements at `kv_bytes` each (their own width if None), apart from the
+    activations; the peak is replayed with the cache at that width."""
     params = [p for p in module.parameters()]
-    weights = _nbytes_distinct([*params, *module.buffers()])
+    weights = weight_bytes(module, weights_dtype, group_size)
     inputs = _nbytes_distinct(list(tensor_leaves((args, kwargs))))
     if not training:
+        kwargs = dict(kwargs)
+        cached = accepts(module, "use_cache")
+        if cached:
+            kwargs.setdefault("use_cache", True)
+            if accepts(module, "logits_to_keep"):
+                kwargs.setdefault("logits_to_keep", 1)
         known = known_storages(module, args, kwargs)
+        log = []
         with device_context(module), train_mode(module, False), torch.no_grad():
-            with LiveBytes(known) as live:
+            with LiveBytes(known, log=log) as live:
                 out = module(*args, **kwargs)
-                del out
-        return dict(weights=weights, gradients=0, optimizer_states=0, inputs=inputs,
-                    activations=live.peak, total=weights + inputs + live.peak)
+                cache = cache_tensors(getattr(out, "past_key_values", None)) if cached else []
+                held = {}
+                for t in cache:
+                    key, st = storage_key(t)
+                    if key in live.serial:
+                        held[live.serial[key]] = (st.nbytes(), t.element_size())
+                del out, cache
+        kv = sum(n * (kv_bytes or size) // size for n, size in held.values())
+        activations = replay_peak(log, {k: 0 for k in held})
+        peak = replay_peak(log, {k: (kv_bytes or size) / size for k, (n, size) in held.items()})
+        return dict(weights=weights, gradients=0, optimizer_states=0, inputs=inputs, activations=activations,
+                    total=weights + inputs + peak, kv_cache=kv)
     trainable = [p for p in {id(p): p for p in params}.values() if p.requires_grad]
     opt = make_optimizer(optimizer or "none", trainable)
     states = 0
@@ -139,7 +242,55 @@ def measure_step(module: nn.Module, args: list, kwargs: dict, training: bool, op
         for h in hooks:
             h.remove()
     return dict(weights=weights, gradients=gradients, optimizer_states=states, inputs=inputs,
-                activations=live.peak_without_grads, total=weights + states + inputs + live.peak)
+                activations=live.peak_without_grads, total=weights + states + inputs + live.peak, kv_cache=0)
+
+
+# A checkpointed block keeps no KV cache, as transformers turns the cache off under gradient checkpointing:
+# the recomputation in backward would append to it a second time.
+_CACHE_KWARGS = ("past_key_values", "past_key_value", "layer_past", "cache")
+
+
+def _checkpointed_call(checkpoint, module, forward, *args, **kwargs):
+    kwargs.update({k: None for k in _CACHE_KWARGS if k in kwargs})
+    if "use_cache" in kwargs:
+        kwargs["use_cache"] = False
+    # the recomputation in backward runs outside the forward's torch-function modes: it gets fused attention
+    # again, so it recomputes what the forward saved (torch.device("meta") cannot be re-entered there)
+    return checkpoint(forward, *args, use_reentrant=False,
+                      context_fn=lambda: (contextlib.nullcontext(), _recompute_context(module)), **kwargs)
+
+
+def _recompute_context(module):
+    from zoo.analysis.meters import FusedAttention
+
+    meta = any(p.is_meta for p in module.parameters())
+    return FusedAttention() if meta else contextlib.nullcontext()
+
+
+@contextlib.contextmanager
+def checkpointed(module: nn.Module):
+    """Activation checkpointing: each block of the model's longest stack of repeated blocks (an
+    nn.ModuleList or nn.Sequential of one class: transformer layers, ViT blocks) runs under
+    torch.utils.checkpoint (non-reentrant), which keeps its inputs and recomputes the rest in backward.
+    The blocks' forwards are restored afterwards."""
+    from torch.utils.checkpoint import checkpoint
+
+    best = []
+    for sub in module.modules():
+        if isinstance(sub, (nn.ModuleList, nn.Sequential)) and len(sub) >= 2:
+            kinds = {type(m) for m in sub}
+            if len(kinds) == 1 and len(sub) > len(best):
+                best = list(sub)
+    if not best:
+        raise AnalysisError("activation checkpointing needs a stack of repeated blocks (an nn.ModuleList or "
+                            "nn.Sequential of one class), and this model has none")
+    for block in best:
+        block.forward = functools.partial(_checkpointed_call, checkpoint, module, block.forward)
+    try:
+        yield module
+    finally:
+        for block in best:
+            block.__dict__.pop("forward", None)
 
 
 @contextlib.contextmanager
@@ -168,24 +319,43 @@ def cast_to(module: nn.Module, dtype: torch.dtype):
             set_dtype(owner, local, is_param, original)
 
 
-def check_options(batch: int, dtype, training: bool, optimizer: str, seq_len: int | None) -> torch.dtype:
+def check_options(batch: int, dtype, training: bool, optimizer: str, seq_len: int | None, kv_dtype=None,
+                  weights_dtype=None, group_size: int = 128, checkpointing: bool = False) -> torch.dtype:
     """The options of an estimate, checked before any model is built; returns the torch dtype."""
-    if batch < 1 or (seq_len is not None and seq_len < 1):
-        raise AnalysisError("batch and seq_len must be at least 1")
+    for label, value in (("batch", batch), ("seq_len", seq_len), ("group_size", group_size)):
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+            raise AnalysisError(f"{label} must be a whole number of at least 1, not {value!r}")
     if training and optimizer not in OPTIMIZERS:
         raise AnalysisError(f"optimizer must be one of {', '.join(OPTIMIZERS)}, not {optimizer!r}")
+    if kv_dtype is not None and str(kv_dtype).lower() not in KV_DTYPES:
+        raise AnalysisError(f"kv_dtype must be one of {', '.join(KV_DTYPES)}, not {kv_dtype!r}")
+    if weights_dtype is not None:
+        if str(weights_dtype).lower() not in QUANTIZED:
+            raise AnalysisError(f"weights_dtype (weight-only quantization) must be one of {', '.join(QUANTIZED)}, "
+                                f"not {weights_dtype!r}; for float weights, set dtype")
+        if training:
+            raise AnalysisError("weight-only quantization is for inference: leave weights_dtype unset with training=True")
+    if checkpointing and not training:
+        raise AnalysisError("activation checkpointing applies to training: give training=True with it")
     return _dtype(dtype)
 
 
 def estimate(module: nn.Module, batch: int = 1, dtype="bf16", training: bool = False, optimizer: str = "adamw",
-             seq_len: int | None = None, name: str | None = None) -> Estimate:
-    """Memory to run a model at `batch` in `dtype`: weights, gradients, optimizer states and activations,
-    the activations measured by running the model on meta at that batch (not scaled from batch 1).
+             seq_len: int | None = None, name: str | None = None, kv_dtype=None, weights_dtype=None,
+             group_size: int = 128, checkpointing: bool = False) -> Estimate:
+    """Memory to run a model at `batch` in `dtype`: weights, gradients, optimizer states, KV cache and
+    activations, the activations measured by running the model on meta at that batch (not scaled from batch 1).
 
-    Training measures a whole step (forward, backward from the sum of the outputs, optimizer step)
-    with the optimizer's states already allocated, as in every step after the first.
+    Inference of a transformers model runs its prefill with use_cache=True: the cache it keeps is the
+    kv_cache term, at `kv_dtype` (default: `dtype`). `weights_dtype`: weight-only quantization of the
+    weights term ("int8", "int4" with `group_size`, "fp8": formulas at QUANTIZED); the forward still runs
+    at `dtype`, as dequantizing kernels do. Training measures a whole step (forward, backward from the
+    sum of the outputs, optimizer step) with the optimizer's states already allocated, as in every step
+    after the first; `checkpointing` recomputes each repeated block in backward (see checkpointed).
     """
-    tdtype = check_options(batch, dtype, training, optimizer, seq_len)
+    tdtype = check_options(batch, dtype, training, optimizer, seq_len, kv_dtype, weights_dtype, group_size,
+                           checkpointing)
+    weights_dtype = str(weights_dtype).lower() if weights_dtype is not None else None
     if not isinstance(module, nn.Module):
         raise AnalysisError(f"estimate takes a module, not {type(module).__name__}: use zoo.estimate for a name")
     spec = input_spec_of(module)
@@ -194,13 +364,27 @@ def estimate(module: nn.Module, batch: int = 1, dtype="bf16", training: bool = F
     if any(not (t.is_meta) for t in [*module.parameters(), *module.buffers()]):
         raise AnalysisError("estimate runs on meta: give a registered name or a module from zoo.get")
     args, kwargs = make_inputs(spec, batch=batch, seq_len=seq_len, dtype=tdtype)
+    kv_bytes = KV_DTYPES[str(kv_dtype).lower()] if kv_dtype is not None else None
     try:
-        with cast_to(module, tdtype):
-            parts = measure_step(module, args, kwargs, training, optimizer if training else None)
+        with cast_to(module, tdtype), (checkpointed(module) if checkpointing else contextlib.nullcontext()):
+            parts = measure_step(module, args, kwargs, training, optimizer if training else None,
+                                 weights_dtype, group_size, kv_bytes)
     except AnalysisError:
         raise
     except Exception as e:
         raise AnalysisError(f"the model cannot run on meta, so nothing is estimated: {reason(e)}") from e
+    notes = []
+    if weights_dtype:
+        notes.append(f"weights: {weights_dtype} weight-only " + (
+            "with one fp32 scale per tensor" if weights_dtype == "fp8" else
+            f"with an fp16 scale per group of {group_size}") + f"; output head, embeddings, norms at {dtype_name(tdtype)}")
+    if parts["kv_cache"]:
+        notes.append("kv_cache: what transformers' cache holds after the prefill (multi-latent attention: its "
+                     "decompressed keys and values, more than a latent cache)")
     return Estimate(name=name or type(module).__name__, batch=batch, dtype=dtype_name(tdtype), training=training,
                     optimizer=optimizer if training else None,
-                    seq_len=seq_len if seq_len is not None else spec.get("seq_len"), **parts)
+                    seq_len=seq_len if seq_len is not None else spec.get("seq_len"), **parts,
+                    kv_dtype=(str(kv_dtype).lower() if kv_dtype is not None else dtype_name(tdtype))
+                    if parts["kv_cache"] else None,
+                    weights_dtype=weights_dtype, group_size=group_size if weights_dtype in ("int8", "int4") else None,
+                    checkpointing=checkpointing, notes=tuple(notes))

@@ -43,9 +43,14 @@ class LiveBytes(TorchDispatchMode):
     that runs too long.
     """
 
-    def __init__(self, known=(), deadline: float | None = None):
+    def __init__(self, known=(), deadline: float | None = None, log: list | None = None):
         super().__init__()
         self.known = set(known)
+        # where given: every change as (allocation number, +/- bytes), to replay it (replay_peak); a number,
+        # not the storage key, since a freed storage's address is reused
+        self.log = log
+        self.serial: dict[int, int] = {}  # live storage key -> its allocation number
+        self.allocations = 0
         self.live: dict[int, int] = {}
         self.current = self.peak = 0
         self.grads = 0
@@ -53,7 +58,11 @@ class LiveBytes(TorchDispatchMode):
         self.deadline = deadline
 
     def _free(self, key):
-        self.current -= self.live.pop(key, 0)
+        nbytes = self.live.pop(key, 0)
+        self.current -= nbytes
+        serial = self.serial.pop(key, None)
+        if self.log is not None and nbytes:
+            self.log.append((serial, -nbytes))
 
     def add_grad(self, nbytes: int):
         self.grads += nbytes
@@ -70,16 +79,31 @@ class LiveBytes(TorchDispatchMode):
             old = self.live.get(key)
             if old is None:
                 self.live[key] = nbytes
+                self.serial[key] = self.allocations = self.allocations + 1
                 self.current += nbytes
                 weakref.finalize(st, self._free, key)
             elif old != nbytes:  # resized in place (out= kernels)
                 self.live[key] = nbytes
                 self.current += nbytes - old
+            else:
+                continue
+            if self.log is not None:
+                self.log.append((self.serial[key], nbytes - (old or 0)))
         if self.current > self.peak:
             self.peak = self.current
         if self.current - self.grads > self.peak_without_grads:
             self.peak_without_grads = self.current - self.grads
         return out
+
+
+def replay_peak(log: list, scale: dict) -> int:
+    """The peak of a LiveBytes log with some storages' bytes scaled (0: left out; 0.5: held at half the
+    width, as a KV cache in fp8 for a bf16 model)."""
+    current = peak = 0
+    for key, delta in log:
+        current += delta * scale.get(key, 1)
+        peak = max(peak, current)
+    return int(peak)
 
 
 class FusedAttention(torch.overrides.TorchFunctionMode):
@@ -107,8 +131,13 @@ def _flash_for_cpu(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=F
     tensors = [query, key, value] + ([attn_mask] if attn_mask is not None else [])
     if not all(isinstance(t, torch.Tensor) and t.is_meta for t in tensors) or query.dim() != 4:
         return None
-    if key.size(1) != query.size(1) or attn_mask is not None and attn_mask.dtype == torch.bool:
-        return None  # grouped heads and boolean masks: leave them to the math path, as they are
+    # Grouped heads: CPU's flash kernel takes fewer key/value heads as they are (enable_gqa), without
+    # repeating them; without enable_gqa SDPA refuses them itself. Boolean masks: left to the math path.
+    grouped = key.size(1) != query.size(1)
+    if grouped and not (enable_gqa and query.size(1) % key.size(1) == 0):
+        return None
+    if attn_mask is not None and attn_mask.dtype == torch.bool:
+        return None
 
     def stand_in(t):  # CPU, one row of storage: the choice reads shapes, dtypes, the last stride, requires_grad
         row = torch.zeros((1,) * (t.dim() - 1) + (t.shape[-1],), dtype=t.dtype, device="cpu",
@@ -120,7 +149,8 @@ def _flash_for_cpu(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=F
     try:
         choice = torch._fused_sdp_choice(stand_in(query), stand_in(key), stand_in(value),
                                          attn_mask=stand_in(attn_mask) if attn_mask is not None else None,
-                                         dropout_p=dropout_p, is_causal=is_causal, scale=scale)
+                                         dropout_p=dropout_p, is_causal=is_causal, scale=scale,
+                                         **({"enable_gqa": True} if grouped else {}))
     except (RuntimeError, ValueError, TypeError):  # shapes SDPA itself will refuse: let it say so
         return None
     if choice != int(SDPBackend.FLASH_ATTENTION):
@@ -133,7 +163,18 @@ def _flash_cpu_flops(query_shape, key_shape, value_shape, *args, out_shape=None,
     """FlopCounterMode has no formula for the CPU flash op: the one it has for the other fused kernels."""
     from torch.utils.flop_counter import sdpa_flop_count
 
-    return sdpa_flop_count(query_shape, key_shape, value_shape)
+    # grouped heads: each query head attends to its group's keys, the work of repeated key/value heads
+    heads = query_shape[1]
+    return sdpa_flop_count(query_shape, (*key_shape[:1], heads, *key_shape[2:]), (*value_shape[:1], heads, *value_shape[2:]))
+
+
+def _grouped_mm_flops(a_shape, b_shape, *args, out_shape=None, **kwargs) -> int:
+    """Mixture-of-experts layers multiply each routed token by its expert's matrix in one grouped matmul
+    (transformers' grouped_mm); FlopCounterMode has no formula for it: 2 x every output element x the
+    inner dimension, as for mm."""
+    import math
+
+    return 2 * math.prod(out_shape) * a_shape[-1]
 
 
 class _GlobalOnly:
@@ -154,7 +195,8 @@ def flop_counter():
     from torch.utils.flop_counter import FlopCounterMode
 
     counter = FlopCounterMode(display=False, custom_mapping={
-        torch.ops.aten._scaled_dot_product_flash_attention_for_cpu: _flash_cpu_flops})
+        torch.ops.aten._scaled_dot_product_flash_attention_for_cpu: _flash_cpu_flops,
+        **({torch.ops.aten._grouped_mm: _grouped_mm_flops} if hasattr(torch.ops.aten, "_grouped_mm") else {})})
     counter.mod_tracker = _GlobalOnly()
     return counter
 

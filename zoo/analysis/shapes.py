@@ -56,6 +56,31 @@ def _sizes(module: nn.Module) -> dict[str, tuple[int, int, int]]:
     return out
 
 
+def _given(module: nn.Module, inputs: tuple, kwargs: dict) -> tuple[list, dict]:
+    """Inputs given to scan, on meta. A shape takes the dtype of the recorded input it stands for, so
+    (1, 16) is 16 token ids for a language model; where the recorded inputs are all named (transformers
+    models), shapes given in order are passed under those names."""
+    spec = input_spec_of(module) if any(_is_shape(i) for i in inputs) else None
+    if not spec:
+        return [as_input(i) for i in inputs], {k: as_input(v) for k, v in kwargs.items()}
+    slots = [(None, a) for a in spec.get("args", [])] or list(spec.get("kwargs", {}).items())
+    args, kw = [], {k: as_input(v) for k, v in kwargs.items()}
+    for i, value in enumerate(inputs):
+        name, arg = slots[i] if i < len(slots) else (None, None)
+        dtype = arg.get("dtype") if isinstance(arg, dict) else None
+        if _is_shape(value) and dtype:
+            value = torch.empty(tuple(value), device="meta", dtype=getattr(torch, dtype))
+        if name is None:
+            args.append(as_input(value))
+        else:
+            kw[name] = as_input(value)
+    return args, kw
+
+
+def _is_shape(value) -> bool:
+    return isinstance(value, (tuple, torch.Size)) and all(isinstance(d, int) for d in value)
+
+
 def scan(module: nn.Module, *inputs, batch: int = 1, train: bool = False, strict: bool = True, **kwargs) -> Scan:
     """Every module's output shapes and dtypes from one forward on meta: no weights, no values.
 
@@ -71,7 +96,7 @@ def scan(module: nn.Module, *inputs, batch: int = 1, train: bool = False, strict
     sizes = _sizes(module)
     rows = {n: ModuleScan(n, type(m).__name__, n.count(".") + 1 if n else 0, *sizes[n]) for n, m in module.named_modules()}
     if inputs or kwargs:
-        args, kw = [as_input(i) for i in inputs], {k: as_input(v) for k, v in kwargs.items()}
+        args, kw = _given(module, inputs, kwargs)
     else:
         spec = input_spec_of(module)
         if not spec:

@@ -21,6 +21,7 @@ NAME = "hf"
 # each with its mapping in transformers.models.auto.modeling_auto and the hub's pipeline task.
 HEADS = {
     "AutoModelForSeq2SeqLM": ("MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES", "text2text-generation"),
+    "AutoModelForSpeechSeq2Seq": ("MODEL_FOR_SPEECH_SEQ_2_SEQ_MAPPING_NAMES", "automatic-speech-recognition"),
     "AutoModelForMaskedLM": ("MODEL_FOR_MASKED_LM_MAPPING_NAMES", "fill-mask"),
     "AutoModelForCausalLM": ("MODEL_FOR_CAUSAL_LM_MAPPING_NAMES", "text-generation"),
     "AutoModelForSequenceClassification": ("MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES", "text-classification"),
@@ -87,8 +88,53 @@ def build(builder: str, kwargs: dict):
     return getattr(transformers, builder).from_config(_config_object(kwargs))
 
 
+# The documented sequence length of an hf row's analysis: FLOPs, activations and output shapes at batch 1
+# are measured for this many tokens (fewer where the model's context is shorter); flops_per_token
+# divides by it, so rows compare across lengths.
+SEQ_LEN = 128
+_TOKENS = {"shape": ["seq"], "dtype": "int64"}
+
+
+def input_spec(module) -> dict | None:
+    """The inputs a transformers model's forward needs (zoo.analysis.inputs spec): token ids for text
+    models (decoder_input_ids too for encoder-decoders), pixel_values for vision towers, input_features
+    for speech encoders (Whisper), and both token ids and pixels for dual encoders (CLIP, SigLIP).
+    None where the main input is none of these."""
+    config = getattr(module, "config", None)
+    main = getattr(module, "main_input_name", "input_ids")
+    if config is None:
+        return None
+    kwargs = {}
+    if main == "input_ids":
+        kwargs["input_ids"] = _TOKENS
+        if hasattr(module, "get_image_features") and getattr(config, "vision_config", None) is not None:
+            kwargs["pixel_values"] = _pixels(config.vision_config)  # a dual encoder scores text against images
+    elif main == "pixel_values":
+        kwargs["pixel_values"] = _pixels(getattr(config, "vision_config", None) or config)
+    elif main == "input_features":
+        frames = 2 * int(getattr(config, "max_source_positions", 1500))  # two conv strides down to the positions
+        kwargs["input_features"] = [int(config.num_mel_bins), frames]
+    else:
+        return None
+    if getattr(config, "is_encoder_decoder", False):
+        kwargs["decoder_input_ids"] = _TOKENS
+    if any(v is _TOKENS for v in kwargs.values()):
+        text = getattr(config, "text_config", None) or config  # a dual encoder's text tower (CLIP: 77)
+        limit = next((getattr(text, k) for k in ("max_position_embeddings", "max_target_positions", "n_positions")
+                      if getattr(text, k, None)), None)
+        return {"kwargs": kwargs, "seq_len": min(SEQ_LEN, int(limit)) if limit else SEQ_LEN}
+    return {"kwargs": kwargs}
+
+
+def _pixels(config) -> list[int]:
+    size = config.image_size
+    height, width = (size, size) if isinstance(size, int) else (size["height"], size["width"]) if isinstance(
+        size, dict) else tuple(size)
+    return [int(getattr(config, "num_channels", 3)), int(height), int(width)]
+
+
 def describe(builder: str, module) -> dict:
-    return {"task": HEADS[builder][1], "input_size": None}
+    return {"task": HEADS[builder][1], "input_size": None, "input": input_spec(module)}
 
 
 def versions() -> dict:
@@ -175,3 +221,23 @@ def _read_json(file: Path) -> dict:
     if not isinstance(config, dict):
         raise InvalidRecipe(f"{file}: a config.json holds a JSON object")
     return config
+
+
+def tokenize(repo_id: str, text: str) -> list[int]:
+    """The token ids of a text, with the repo's tokenizer read from the local Hugging Face cache only
+    (never downloaded). Raises TokenizerNotCached where the cache lacks it."""
+    from zoo.errors import TokenizerNotCached
+
+    if not is_repo_id(repo_id):
+        raise TokenizerNotCached(f"text needs a hub model's tokenizer; {repo_id!r} is not a hub repo id: "
+                                 f"give token-id shapes instead, e.g. zoo.scan(name, (1, 16))")
+    from transformers import AutoTokenizer
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(repo_id, local_files_only=True)
+    except (OSError, ValueError) as e:  # not cached: transformers raises OSError; an unusable one ValueError
+        raise TokenizerNotCached(
+            f"the tokenizer of {repo_id} is not in the local Hugging Face cache ({type(e).__name__}); download it "
+            f"with `huggingface-cli download {repo_id} tokenizer.json tokenizer_config.json`, or give token-id "
+            f"shapes instead, e.g. zoo.scan('hf/{repo_id}', (1, 16))") from None
+    return list(tokenizer(text)["input_ids"])

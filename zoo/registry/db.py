@@ -11,8 +11,7 @@ from sqlalchemy.orm import Session
 from zoo.constants import lock_timeout_s
 from zoo.errors import RegistryError, RegistryNotFound, SchemaOutdated, ZooError
 
-# The alembic head this code reads and writes; a test checks it equals migrations' head.
-SCHEMA_REVISION = "0003"
+from zoo.registry import SCHEMA_REVISION  # noqa: F401 - the alembic head this code reads and writes
 _PACKAGE = Path(__file__).resolve().parent.parent
 # migrations/ at the repository root in a checkout; the wheel ships it inside the package (pyproject.toml)
 MIGRATIONS = next((d for d in (_PACKAGE / "migrations", _PACKAGE.parent / "migrations") if (d / "env.py").is_file()),
@@ -124,8 +123,14 @@ def engine(url: str, write: bool = False) -> Engine:
     begins (BEGIN IMMEDIATE), so two indexers queue on the busy timeout instead of failing on upgrade."""
     if (url, write) in _engines:
         return _engines[(url, write)]
+    options = _server_options(url)
+    if options and not write:
+        # one snapshot per read: under READ COMMITTED each statement sees the latest commit, so info() could
+        # read a model's row before a writer's commit and its tensor table after it (seen with 3 readers);
+        # a read-only REPEATABLE READ transaction never fails to serialise. SQLite's reads are snapshots already.
+        options["isolation_level"] = "REPEATABLE READ"
     try:
-        eng = create_engine(url, **_server_options(url))
+        eng = create_engine(url, **options)
     except ImportError as e:  # a server URL whose driver is not installed
         raise RegistryError(f"{masked(url)}: its database driver is not installed ({e}); for PostgreSQL: "
                             f"pip install 'zoo[postgres]'") from None

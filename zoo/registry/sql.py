@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import operator
 
-from sqlalchemy import BigInteger, ColumnElement, Float, String, Text, and_, literal, not_, or_
+from sqlalchemy import BigInteger, Boolean, ColumnElement, Float, String, Text, and_, literal, not_, or_
 from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.sql.functions import FunctionElement
 
 from zoo.errors import SearchSyntaxError
 from zoo.query import MAX_COMPARISONS, MAX_DEPTH, And, Compare, Expr, Not, Or, check, parse, parse_sort
+from zoo.registry.lite import trigram_pattern
 from zoo.registry.tables import Model
 
 _SQL_OPS = {"<": operator.lt, "<=": operator.le, ">": operator.gt, ">=": operator.ge, "=": operator.eq, "!=": operator.ne}
@@ -38,6 +39,34 @@ def _bytewise_postgresql(element, compiler, **kw):
 def _text(col):
     """The column as the search compares it: strings bytewise (see bytewise), numbers as they are."""
     return bytewise(col) if isinstance(col.type, (String, Text)) else col
+
+
+class name_candidates(FunctionElement):  # noqa: N801 - used like a SQL function
+    """A pre-filter for a glob on name: the rows whose name holds the glob's last plain run (see
+    zoo.registry.lite.trigram_pattern), a superset of the matches that a trigram index finds fast; the glob's
+    own LIKE still decides. SQLite: the FTS5 trigram table of migration 0005. PostgreSQL: an ILIKE its pg_trgm
+    index serves (the whole glob's trigrams include a family's common words, with a million rows each).
+    Arguments: the pattern as FTS5 reads it (no escapes), and as ILIKE does (backslash escaped)."""
+
+    type = Boolean()
+    inherit_cache = True
+    _is_implicitly_boolean = True  # a condition as it is: no "= 1" on SQLite, which would hide it from the planner
+
+
+@compiles(name_candidates)
+def _name_candidates_default(element, compiler, **kw):
+    return "1 = 1"
+
+
+@compiles(name_candidates, "sqlite")
+def _name_candidates_sqlite(element, compiler, **kw):
+    fts = compiler.process(element.clauses.clauses[0], **kw)
+    return f"models.id IN (SELECT rowid FROM models_fts WHERE models_fts.name LIKE {fts})"
+
+
+@compiles(name_candidates, "postgresql")
+def _name_candidates_postgresql(element, compiler, **kw):
+    return f'(models.name) COLLATE "C" ILIKE {compiler.process(element.clauses.clauses[1], **kw)}'
 
 
 def _like(glob: str) -> str:
@@ -71,6 +100,9 @@ def _compile(e: Expr, negate: bool, depth: int, seen: list[int]) -> ColumnElemen
         # that starts with * matches the short name only if it matches the full one: skip the OR.
         if e.field == "name" and not value.startswith("*"):
             cond = or_(cond, _text(Model.short).ilike(_like(value), escape="\\"))
+        if e.field == "name" and (pattern := trigram_pattern(value)) is not None:
+            cond = and_(name_candidates(literal(pattern, Text()), literal(pattern.replace("\\", "\\\\"), Text())),
+                        cond)
     elif isinstance(value, (int, float)):
         # bound as 64-bit (or float), not as the column's type: PostgreSQL would cast 2**31 to a 32-bit
         # column's INTEGER and fail, where the comparison is simply true or false

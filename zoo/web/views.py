@@ -131,11 +131,16 @@ def tree(zoo: Zoo, name: str) -> dict:
 
 
 def estimate(zoo: Zoo, name: str, params) -> dict:
-    """Zoo.estimate with batch, dtype, training, optimizer and seq_len from query parameters."""
+    """Zoo.estimate with batch, dtype, training, optimizer, seq_len, kv_dtype, weights_dtype, group_size and
+    checkpointing from query parameters."""
     result = zoo.estimate(name, batch=whole_number(params, "batch", 1, 1, MAX_BATCH),
                           dtype=(params.get("dtype") or "bf16").strip(), training=flag(params, "training"),
                           optimizer=(params.get("optimizer") or "adamw").strip(),
-                          seq_len=whole_number(params, "seq_len", None, 1, MAX_SEQ_LEN))
+                          seq_len=whole_number(params, "seq_len", None, 1, MAX_SEQ_LEN),
+                          kv_dtype=(params.get("kv_dtype") or "").strip() or None,
+                          weights_dtype=(params.get("weights_dtype") or "").strip() or None,
+                          group_size=whole_number(params, "group_size", 128, 1, 1 << 20),
+                          checkpointing=flag(params, "checkpointing"))
     return result.as_dict()
 
 

@@ -15,6 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from zoo.errors import CheckpointError, HubUnavailable
+from zoo.weights import verified
 from zoo.weights.digest import file_sha256
 
 INDEX = "model.safetensors.index.json"
@@ -22,7 +23,6 @@ SINGLE = "model.safetensors"
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 _GIT_SHA1 = re.compile(r"[0-9a-f]{40}")
 REPO_ID = re.compile(r"[A-Za-z0-9][\w.-]*(/[\w.-]+)?")  # ORG/NAME, or a legacy bare NAME
-_verified: set[tuple] = set()  # (blob, size, mtime_ns) already hashed in this process: blobs never change
 
 
 def parse_uri(uri: str) -> tuple[str, str | None]:
@@ -95,11 +95,9 @@ def _check_hashes(uri: str, repo: str, files: list[str]) -> None:
     todo = []
     for file in files:
         blob = Path(os.path.realpath(file))
-        stat = blob.stat()
-        key = (str(blob), stat.st_size, stat.st_mtime_ns)
-        if key not in _verified:
-            todo.append((file, blob, key, blob.name if _SHA256.fullmatch(blob.name) or _GIT_SHA1.fullmatch(blob.name)
-                         else None))
+        named = blob.name if _SHA256.fullmatch(blob.name) or _GIT_SHA1.fullmatch(blob.name) else None
+        if named is None or not verified.known(blob, named):
+            todo.append((file, blob, None, named))
     if any(expected is None for *_, expected in todo) and not _offline():
         hub = _hashes_from_api(repo, [f for f, *_ in todo])
         todo = [(f, b, k, e or hub.get(Path(f).name)) for f, b, k, e in todo]
@@ -113,7 +111,7 @@ def _check_hashes(uri: str, repo: str, files: list[str]) -> None:
             kind = "sha256" if len(expected) == 64 else "git blob sha1"
             raise CheckpointError(f"{uri}: {Path(file).name}: {kind} {actual} differs from the hub's {expected}; "
                                   f"the cached file is corrupt (delete {blob} to download it again)")
-        _verified.add(key)
+        verified.remember(blob, expected)
 
     with ThreadPoolExecutor(min(8, len(todo) or 1)) as pool:  # hashlib releases the GIL on large reads
         list(pool.map(check, todo))

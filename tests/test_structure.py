@@ -1,0 +1,87 @@
+"""Structure digests (zoo.structure): a build identical to one already analysed reuses that analysis, and
+every figure recorded that way equals what its own analysis records."""
+
+import functools
+
+import pytest
+import torch
+from torch import nn
+
+import zoo
+from zoo import indexer
+from zoo.build import build_meta
+from zoo.columns import ANALYSIS
+from zoo.recipe import Recipe
+from zoo.structure import structure_digest
+
+SPEC = {"shape": [1, 3, 224, 224]}
+
+
+def _meta(recipe: Recipe) -> nn.Module:
+    return build_meta(recipe)
+
+
+def _analysis(registry, name: str) -> dict:
+    row = registry.search(f"name='{name}'", fields=("name", *(c.name for c in ANALYSIS)))[0]
+    return {c.name: row[c.name] for c in ANALYSIS}
+
+
+def test_two_builds_of_one_model_share_a_digest_and_an_input_change_splits_them():
+    first, second = _meta(Recipe("timm", "resnet18")), _meta(Recipe("timm", "resnet18"))
+    assert structure_digest(first, SPEC) == structure_digest(second, SPEC) is not None
+    assert structure_digest(first, SPEC) != structure_digest(first, {"shape": [1, 3, 160, 160]})
+
+
+@pytest.mark.parametrize("change", [
+    lambda m: setattr(m, "transform_input", True),  # a flag the forward reads, no tensor changes
+    lambda m: setattr(m.fc, "weight", nn.Parameter(torch.empty(10, 2048, device="meta"))),  # a shape
+    lambda m: setattr(m.fc, "weight", nn.Parameter(torch.empty(1000, 2048, device="meta", dtype=torch.float16))),
+    lambda m: setattr(m.Mixed_5b.branch1x1.conv, "stride", (2, 2)),  # a hyperparameter of a submodule
+    lambda m: setattr(m, "aux", functools.partial(torch.relu)),
+    lambda m: m.fc.register_forward_hook(lambda *a: None),
+])
+def test_any_change_the_forward_could_see_changes_the_digest(change):
+    base = _meta(Recipe("torchvision", "inception_v3", {"aux_logits": False, "init_weights": False}))
+    changed = _meta(Recipe("torchvision", "inception_v3", {"aux_logits": False, "init_weights": False}))
+    change(changed)
+    assert structure_digest(changed, SPEC) != structure_digest(base, SPEC)
+
+
+def test_what_the_digest_cannot_describe_makes_the_module_undigestible():
+    scale = 3
+    closure = _meta(Recipe("timm", "resnet18"))
+    closure.act = lambda x: x * scale  # what it computes lives in the closure, not in anything hashed
+    real = _meta(Recipe("timm", "resnet18"))
+    real.fc.register_buffer("table", torch.zeros(3))  # a real tensor's values are not hashed
+    for module in (closure, real):
+        assert structure_digest(module, SPEC) is None
+
+
+def test_a_variant_that_builds_its_architecture_reuses_its_analysis_and_records_the_same(tmp_path):
+    """resnet18.a1_in1k and .a2_in1k build resnet18 unchanged at 224: one analysis, three rows; each row
+    equals what a registry that analyses every model itself records (force: no reuse from the registry)."""
+    reused_url, fresh_url = f"sqlite:///{tmp_path}/reused.db", f"sqlite:///{tmp_path}/fresh.db"
+    arch = indexer.index_family(reused_url, "timm", ["resnet18"])
+    variants = indexer.index_family(reused_url, "timm", ["resnet18.a1_in1k", "resnet18.a2_in1k"], pretrained=True)
+    assert not arch.timings["timm/resnet18"]["analysis_reused"]
+    assert all(t["analysis_reused"] for t in variants.timings.values()) and len(variants.timings) == 2
+    for name in ("resnet18.a1_in1k", "resnet18.a2_in1k"):
+        indexer.index_family(fresh_url, "timm", [name], pretrained=True, force=True)
+    assert not any(t["analysis_reused"] for t in indexer.index_family(
+        fresh_url, "timm", ["resnet18.a1_in1k"], pretrained=True, force=True).timings.values())
+    reused, fresh = zoo.connect(reused_url), zoo.connect(fresh_url)
+    for name in ("timm/resnet18.a1_in1k", "timm/resnet18.a2_in1k"):
+        assert _analysis(reused, name) == _analysis(fresh, name)
+        assert _analysis(reused, name)["scan_status"] == "ok"
+
+
+def test_torchvision_weights_that_set_a_flag_get_their_own_analysis(tmp_path):
+    """inception_v3's ImageNet weights set transform_input=True: same tensors as the architecture, another
+    forward (torchvision re-normalizes the input), so the variant is analysed, not reused."""
+    url = f"sqlite:///{tmp_path}/tv.db"
+    indexer.index_family(url, "torchvision", ["inception_v3"])
+    outcome = indexer.index_family(url, "torchvision", ["inception_v3.IMAGENET1K_V1"], pretrained=True)
+    assert not outcome.timings["torchvision/inception_v3.IMAGENET1K_V1"]["analysis_reused"]
+    registry = zoo.connect(url)
+    arch, variant = (_analysis(registry, n) for n in ("torchvision/inception_v3", "torchvision/inception_v3.IMAGENET1K_V1"))
+    assert arch["peak_activation_bytes"] != variant["peak_activation_bytes"]  # the re-normalization's tensors

@@ -1,0 +1,57 @@
+"""Files whose hash zoo has checked, remembered across processes, so that a 1 GB checkpoint is hashed once
+and not on every load.
+
+A file is remembered by its real path, inode, size, mtime and ctime (nanoseconds) with the hash it
+matched. Any write to the file, or its replacement, changes the mtime and the ctime (which no program
+can set back), so the file is hashed again; only a change that bypasses the file system (bit rot on the
+disk) goes unseen until then. Records live under $ZOO_CACHE (default $XDG_CACHE_HOME/zoo or ~/.cache/zoo),
+one small file each, written atomically; an unreadable record is just a miss.
+"""
+
+import hashlib
+import json
+import os
+from pathlib import Path
+
+from zoo.constants import cache_dir
+
+_known: set[tuple] = set()  # this process's checks
+
+
+def _state(path) -> tuple:
+    real = os.path.realpath(path)
+    st = os.stat(real)
+    return real, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns
+
+
+def _record(real: str) -> Path:
+    return cache_dir() / "verified" / hashlib.sha256(real.encode()).hexdigest()
+
+
+def known(path, expected: str) -> bool:
+    """Whether this exact file (unchanged since) was checked against `expected` before."""
+    state = _state(path)
+    if (state, expected) in _known:
+        return True
+    try:
+        saved = json.loads(_record(state[0]).read_text())
+    except (OSError, ValueError):
+        return False
+    if saved == {"state": list(state), "hash": expected}:
+        _known.add((state, expected))
+        return True
+    return False
+
+
+def remember(path, expected: str) -> None:
+    """Note that the file matched `expected`; where the cache cannot be written, only for this process."""
+    state = _state(path)
+    _known.add((state, expected))
+    record = _record(state[0])
+    try:
+        record.parent.mkdir(parents=True, exist_ok=True)
+        tmp = record.with_name(f"{record.name}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps({"state": list(state), "hash": expected}))
+        os.replace(tmp, record)
+    except OSError:
+        pass
