@@ -12,10 +12,11 @@ the ratio plain/zoo (target: >= 20x). Afterwards, untimed, the names each side r
 compared: zoo's table rows (family prefix "timm/" stripped) against timm.list_models(PATTERN);
 a WARNING line is printed if the sets differ. Numbers only, no assertions.
 
-EXPR defaults to "name~'vit_*'". A registry name carries its family prefix ("timm/vit_base...");
-zoo versions whose name globs do not also try the bare name match no row with it (the script
-then prints a hint), and ones that do also return other families' vit_* models (torchvision's),
-which the name check reports as a note. "name~'timm/vit_*'" is the exact equivalent.
+EXPR defaults to "name~'timm/vit_*' and kind=architecture", the exact equivalent of timm's list: a
+registry name carries its family prefix ("timm/vit_base..."), and the registry also holds a row per
+pretrained variant ("timm/vit_base_patch16_224.augreg_in21k"), which timm.list_models leaves to
+list_pretrained. A bare "name~'vit_*'" also returns those variants and other families' vit_* models
+(torchvision's); the name check reports them.
 
 Run:  .venv/bin/python bench/search_cli_vs_timm.py [--registry PATH_OR_URL] [--expr EXPR] [--pattern 'vit_*']
           [--repeats 5] [--json]
@@ -54,7 +55,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--registry", default=os.environ.get("ZOO_REGISTRY", "").strip() or str(SHIPPED),
                     help="registry path or SQLAlchemy URL (default: $ZOO_REGISTRY or the shipped registry.db)")
-    ap.add_argument("--expr", default="name~'vit_*'", help="zoo search expression (default: %(default)s)")
+    ap.add_argument("--expr", default="name~'timm/vit_*' and kind=architecture", help="zoo search expression (default: %(default)s)")
     ap.add_argument("--pattern", default="vit_*", help="timm.list_models pattern (default: %(default)s)")
     ap.add_argument("--repeats", type=int, default=5, help="timed runs of each command (default 5)")
     ap.add_argument("--json", action="store_true", help="print the numbers as JSON")
