@@ -43,7 +43,8 @@ def trigram_pattern(glob: str) -> str | None:
     return f"%{runs[-1]}%" if runs else None
 
 
-def _like(glob: str) -> str:
+def like_pattern(glob: str) -> str:
+    """A glob as a LIKE pattern with escape character backslash (both readers use it)."""
     table = {"*": "%", "?": "_", "%": "\\%", "_": "\\_", "\\": "\\\\"}
     return "".join(table.get(c, c) for c in glob)
 
@@ -68,10 +69,10 @@ def _compile(e: Expr, negate: bool, depth: int, seen: list[int], params: list) -
     col = f"models.{e.field}"
     if e.op == "~":
         cond = f"lower({col}) LIKE lower(?) ESCAPE '\\'"
-        values = [_like(value)]
+        values = [like_pattern(value)]
         if e.field == "name" and not value.startswith("*"):
             cond = f"({cond} OR lower(models.short) LIKE lower(?) ESCAPE '\\')"
-            values.append(_like(value))
+            values.append(like_pattern(value))
         if e.field == "name" and (pattern := trigram_pattern(value)) is not None:
             cond = f"(models.id IN (SELECT rowid FROM models_fts WHERE models_fts.name LIKE ?) AND {cond})"
             values.insert(0, pattern)

@@ -10,7 +10,7 @@ from sqlalchemy.sql.functions import FunctionElement
 
 from zoo.errors import SearchSyntaxError
 from zoo.query import MAX_COMPARISONS, MAX_DEPTH, And, Compare, Expr, Not, Or, check, parse, parse_sort
-from zoo.registry.lite import trigram_pattern
+from zoo.registry.lite import like_pattern, trigram_pattern
 from zoo.registry.tables import Model
 
 _SQL_OPS = {"<": operator.lt, "<=": operator.le, ">": operator.gt, ">=": operator.ge, "=": operator.eq, "!=": operator.ne}
@@ -69,12 +69,6 @@ def _name_candidates_postgresql(element, compiler, **kw):
     return f'(models.name) COLLATE "C" ILIKE {compiler.process(element.clauses.clauses[1], **kw)}'
 
 
-def _like(glob: str) -> str:
-    """A glob as a LIKE pattern with escape character backslash."""
-    table = {"*": "%", "?": "_", "%": "\\%", "_": "\\_", "\\": "\\\\"}
-    return "".join(table.get(c, c) for c in glob)
-
-
 def _compile(e: Expr, negate: bool, depth: int, seen: list[int]) -> ColumnElement[bool]:
     # The parser bounds parsed searches; these bound hand-built ones (F) the same way. A parsed
     # search has one level more than its parentheses and `not`s: the top And/Or.
@@ -95,11 +89,11 @@ def _compile(e: Expr, negate: bool, depth: int, seen: list[int]) -> ColumnElemen
     col = getattr(Model, e.field)
     if e.op == "~":
         # ilike: SQLite's LIKE ignores ASCII case (only); ILIKE under COLLATE "C" makes PostgreSQL agree.
-        cond = _text(col).ilike(_like(value), escape="\\")
+        cond = _text(col).ilike(like_pattern(value), escape="\\")
         # `name~'vit_*'` also matches timm/vit_base...: globs as timm.list_models takes them. A glob
         # that starts with * matches the short name only if it matches the full one: skip the OR.
         if e.field == "name" and not value.startswith("*"):
-            cond = or_(cond, _text(Model.short).ilike(_like(value), escape="\\"))
+            cond = or_(cond, _text(Model.short).ilike(like_pattern(value), escape="\\"))
         if e.field == "name" and (pattern := trigram_pattern(value)) is not None:
             cond = and_(name_candidates(literal(pattern, Text()), literal(pattern.replace("\\", "\\\\"), Text())),
                         cond)
