@@ -222,8 +222,9 @@ class Zoo:
 
     def weights_path(self, name: str, weights):
         """What to load for `weights`: hf://ORG/NAME through the hub cache; a tag recorded for the model
-        ("default", "v1.0") becomes its file ("pretrained", the library's published weights, is handled by .materialize), sha256 checked; any other string is a path (one with a '/'
-        is never a tag, so it loads without the registry); a state dict is itself."""
+        ("default", "v1.0") becomes its file, sha256 checked; any other string is a path (one with a '/'
+        is never a tag, so it loads without the registry); a state dict is itself. "pretrained" names no
+        one file: .materialize loads it (zoo.pretrained)."""
         if not isinstance(weights, str):
             return weights
         if weights == "pretrained":  # no one file: timm's filters need the module (see zoo.pretrained)
