@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import os
 
 import torch
 from torch import nn
 
 from zoo.analysis.inputs import tensor_leaves
+from zoo.analysis.kernel_cache import KernelCache
 from zoo.analysis.meters import FusedAttention
 from zoo.inspection import dtype_name
 
@@ -26,14 +28,18 @@ def train_mode(module: nn.Module, training: bool):
 
 
 def device_context(module: nn.Module):
-    """For a forward of a meta module: factory calls without a device land on meta too, and attention
-    allocates as the fused kernel would (FusedAttention). A real module runs as it is."""
+    """For a forward of a meta module: factory calls without a device land on meta too, attention
+    allocates as the fused kernel would (FusedAttention), and repeated ops are answered from the kernel
+    cache (zoo.analysis.kernel_cache; ZOO_KERNEL_CACHE=0 turns it off). Enter it before the meters: the
+    cache must sit below them. A real module runs as it is."""
     first = next(iter([*module.parameters(), *module.buffers()]), None)
     if first is not None and not first.is_meta:
         return contextlib.nullcontext()
     stack = contextlib.ExitStack()
     stack.enter_context(torch.device("meta"))
     stack.enter_context(FusedAttention())
+    if os.environ.get("ZOO_KERNEL_CACHE", "1") != "0":
+        stack.enter_context(KernelCache())
     return stack
 
 
