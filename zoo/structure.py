@@ -29,10 +29,10 @@ _WEIGHTS_METADATA = ("pretrained_cfg", "default_cfg")
 def structure_digest(module: torch.nn.Module, spec) -> str | None:
     """sha256 of the module's structure and the analysis input `spec` (any value with a stable repr),
     or None when some attribute has no stable description."""
-    h = hashlib.sha256(repr(spec).encode())
+    parts = [repr(spec)]  # hashed once at the end: the same digest as hashing each part in turn, faster
     try:
         for path, sub in module.named_modules(remove_duplicate=False):
-            h.update(f"\0{path}:{_qualname(type(sub))}".encode())
+            parts.append(f"\0{path}:{_qualname(type(sub))}")
             for key in sorted(sub.__dict__):
                 value = sub.__dict__[key]
                 if key == "_modules" or key in _WEIGHTS_METADATA:  # modules: visited, their names in the paths
@@ -41,10 +41,10 @@ def structure_digest(module: torch.nn.Module, spec) -> str | None:
                     value = {k: _tensor(t) for k, t in value.items()}
                 elif "hooks" in key and isinstance(value, dict):  # keyed by a global handle counter
                     value = list(value.values())
-                h.update(f"\1{key}={_stable(value)}".encode())
+                parts.append(f"\1{key}={_stable(value)}")
     except ValueError:  # something without a stable description: analysed for itself
         return None
-    return h.hexdigest()
+    return hashlib.sha256("".join(parts).encode()).hexdigest()
 
 
 def _qualname(obj) -> str:
@@ -63,7 +63,8 @@ def _stable(value, depth: int = 0) -> str:
     """A description of `value` that two equal values share and no process address enters."""
     if depth > 8:
         raise ValueError("undigestible")
-    if isinstance(value, _PRIMITIVES) or isinstance(value, (torch.dtype, torch.device, torch.Size, enum.Enum)):
+    if type(value) in _PRIMITIVES or isinstance(value, _PRIMITIVES) or isinstance(
+            value, (torch.dtype, torch.device, torch.Size, enum.Enum)):
         return f"{type(value).__name__}:{value!r}"
     if isinstance(value, torch.Tensor):
         return _tensor(value)
