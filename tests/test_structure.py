@@ -7,6 +7,7 @@ import pytest
 import torch
 from torch import nn
 
+from tests.conftest import cli_json
 import zoo
 from zoo import indexer
 from zoo.build import build_meta
@@ -85,3 +86,33 @@ def test_torchvision_weights_that_set_a_flag_get_their_own_analysis(tmp_path):
     registry = zoo.connect(url)
     arch, variant = (_analysis(registry, n) for n in ("torchvision/inception_v3", "torchvision/inception_v3.IMAGENET1K_V1"))
     assert arch["peak_activation_bytes"] != variant["peak_activation_bytes"]  # the re-normalization's tensors
+
+
+def _rows(url: str) -> dict:
+    """Every column of every model but when it was indexed, by name."""
+    from sqlalchemy import create_engine, text
+
+    with create_engine(url).connect() as c:
+        rows = [dict(r._mapping) for r in c.execute(text("select * from models"))]
+    return {r["name"]: {k: v for k, v in r.items() if k not in ("id", "indexed_at")} for r in rows}
+
+
+def test_index_installed_records_what_the_four_family_runs_record(tmp_path):
+    """`zoo index installed` (architectures and variants of timm and torchvision in one run, each architecture
+    followed by its variants in one worker) gives the same rows as indexing each family and then its variants,
+    and its variants reuse the analysis their architecture recorded moments before in the same worker."""
+    patterns = ["resnet18*", "vit_tiny_patch16_224*"]
+    one_run, four_runs = f"sqlite:///{tmp_path}/installed.db", f"sqlite:///{tmp_path}/families.db"
+    summary = cli_json("index", "installed", *patterns, "-j", "2", registry=one_run)
+    for fam in ("timm", "torchvision"):
+        indexer.index_family(four_runs, fam, patterns)
+        indexer.index_family(four_runs, fam, patterns, pretrained=True)
+    rows = _rows(one_run)
+    assert rows == _rows(four_runs)
+    assert {"timm/resnet18", "timm/resnet18.a1_in1k", "torchvision/resnet18", "torchvision/resnet18.IMAGENET1K_V1",
+            "timm/vit_tiny_patch16_224.augreg_in21k"} <= set(rows) and summary["indexed"] == len(rows)
+    assert summary["timings"]["timm/resnet18.a1_in1k"]["analysis_reused"]
+    assert not summary["timings"]["timm/resnet18"]["analysis_reused"]
+    assert cli_json("index", "installed", *patterns, registry=one_run)["unchanged"] == len(rows)
+    with pytest.raises(zoo.errors.InvalidArgument, match="no pretrained flag"):
+        zoo.connect(one_run).index("installed", patterns, pretrained=True)

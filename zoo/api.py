@@ -266,6 +266,8 @@ class Zoo:
               revision: str | None = None, progress=None, pretrained: bool = False, results=None) -> Outcome:
         """Build models on meta and record them; unchanged ones are skipped unless force.
 
+        source "installed": every timm and torchvision architecture and pretrained variant matching the
+        targets (glob patterns; none: the whole installed zoo) in one run, each architecture with its variants.
         source "timm" or "torchvision": targets are glob patterns (none: every model). pretrained=True: a row
         per pretrained variant instead ("timm/resnet50.a1_in1k", "torchvision/resnet50.IMAGENET1K_V2"; the
         patterns match "resnet50.a1_in1k"), built with the kwargs its weights need, with its published
@@ -283,6 +285,12 @@ class Zoo:
             return indexer.index_configs(self.url, list(targets), name, revision, force, progress=progress)
         if name is not None or revision is not None:
             raise InvalidArgument(f"name and revision apply to hf sources, not to {source}")
+        if source == "installed":
+            if pretrained:
+                raise InvalidArgument("installed indexes the architectures and their pretrained variants both: "
+                                      "no pretrained flag")
+            return indexer.index_installed(self.url, list(targets), jobs=jobs, force=force, progress=progress,
+                                           results=results)
         return indexer.index_family(self.url, source, list(targets), jobs=jobs, force=force, progress=progress,
                                     pretrained=pretrained, results=results)
 

@@ -232,11 +232,12 @@ def parser() -> argparse.ArgumentParser:
     s.set_defaults(run=cmd_estimate)
 
     s = sub.add_parser("index", parents=[common], help="build models on meta and record them",
-                       description="index timm|torchvision [PATTERN...]; index builder MODULE:FUNCTION --name NAME "
+                       description="index timm|torchvision [PATTERN...]; index installed [PATTERN...] (timm and torchvision, "
+                                   "architectures and pretrained variants, in one run); index builder MODULE:FUNCTION --name NAME "
                                    "[--kwargs JSON]; index checkpoint FILE [--name NAME]; index hf SOURCE... "
                                    "[--name NAME] [--revision REV] (SOURCE: a config.json, a directory holding one, "
                                    "or a hub repo id ORG/NAME); index hf --author|--search|--filter|--local-cache")
-    s.add_argument("source", choices=["timm", "torchvision", "builder", "checkpoint", "hf"])
+    s.add_argument("source", choices=["timm", "torchvision", "installed", "builder", "checkpoint", "hf"])
     s.add_argument("targets", nargs="*", metavar="TARGET",
                    help="glob patterns, MODULE:FUNCTION, a checkpoint file, or hf config sources")
     s.add_argument("--name", help="registry name (builder, checkpoint, one hf source; default hf/ORG/NAME)")
@@ -257,8 +258,8 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--pretrained", action="store_true",
                    help="timm/torchvision: a row per pretrained variant (resnet50.a1_in1k), with its published "
                         "metadata and metrics, instead of the architectures")
-    s.add_argument("--results", help="with timm --pretrained: the folder of timm's published results-*.csv "
-                                     "(default: catalog/timm-results)")
+    s.add_argument("--results", help="with timm --pretrained or installed: the folder of timm's published "
+                                     "results-*.csv (default: catalog/timm-results)")
     s.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
     s.add_argument("--json", action="store_true")
     s.set_defaults(run=cmd_index)

@@ -170,11 +170,13 @@ def _worker_start(parent: int) -> None:
         eng.dispose(close=False)
 
 
-_known: dict = {}  # structure digest -> analysis, set by index_family before its workers fork: they inherit it
+_known: dict = {}  # structure digest -> analysis, set by _index_groups before its workers fork: they inherit it
 
 
-def _build_in_worker(name: str, recipe: Recipe, variant: dict | None = None):
-    return record_of(name, recipe, variant=variant, known=_known)
+def _build_group_in_worker(group: list) -> list:
+    """Build a group in order (an architecture, then its variants): a variant built unchanged reuses the
+    analysis its architecture just recorded in this worker's _known."""
+    return [record_of(name, recipe, variant=variant, known=_known) for name, recipe, variant in group]
 
 
 def wanted_variants(family_name: str, patterns=(), results=None) -> dict[str, tuple[Recipe, dict]]:
@@ -214,27 +216,60 @@ def index_family(url: str, family_name: str, patterns=(), jobs: int = 1, force: 
     """
     jobs = workers_for(jobs)
     fam = family(family_name)
-    versions = fam.versions()
     if pretrained:
         variants = wanted_variants(family_name, patterns, results)  # bad input refused before the registry
+        groups = [[(name, recipe, variant)] for name, (recipe, variant) in variants.items()]
     elif results is not None:
         raise InvalidArgument("results apply to pretrained variants (pretrained=True)")
-    db.open_registry(url, write=True, create=True)  # create or check the schema before any work
-    if pretrained:
-        wanted = {n: r for n, (r, _) in variants.items()}
-        published = {n: v for n, (_, v) in variants.items()}
     else:
-        wanted = {f"{family_name}/{b}": Recipe(family_name, b) for b in fam.available(patterns)}
-        published = {}
+        groups = [[(f"{family_name}/{b}", Recipe(family_name, b), None)] for b in fam.available(patterns)]
+    db.open_registry(url, write=True, create=True)  # create or check the schema before any work
+    return _index_groups(url, [family_name], groups, jobs, force, progress)
+
+
+INSTALLED = ("timm", "torchvision")  # the families `zoo index installed` covers: the vision zoo on this machine
+
+
+def index_installed(url: str, patterns=(), jobs: int = 1, force: bool = False, progress=None,
+                    results=None) -> Outcome:
+    """The whole installed vision zoo in one run: every architecture of timm and torchvision matching the
+    patterns and every pretrained variant matching them, each architecture followed by its variants in
+    the same worker (so the variants that build it unchanged reuse its analysis at once). The same rows as
+    index_family run per family and then with pretrained=True; one process and one pool instead of four."""
+    jobs = workers_for(jobs)
+    variants = {f: wanted_variants(f, patterns, results if f == "timm" else None) for f in INSTALLED}
+    db.open_registry(url, write=True, create=True)
+    groups = []
+    for name in INSTALLED:
+        by_arch: dict[str, list] = {}
+        for variant_name, (recipe, variant) in variants[name].items():
+            by_arch.setdefault(variant["arch_name"], []).append((variant_name, recipe, variant))
+        for builder in family(name).available(patterns):
+            arch = f"{name}/{builder}"
+            groups.append([(arch, Recipe(name, builder), None), *by_arch.pop(arch, [])])
+        groups += by_arch.values()  # variants whose architecture the patterns leave out
+    return _index_groups(url, INSTALLED, groups, jobs, force, progress)
+
+
+def _index_groups(url: str, families, groups: list, jobs: int, force: bool, progress) -> Outcome:
+    """Build and save groups of (name, recipe, variant or None), unchanged rows skipped unless force; each
+    group is built in order in one worker, and each model is saved in its own transaction as it comes."""
     outcome = Outcome()
+    versions = {name: family(name).versions() for name in families}
     global _known
     with db.session(url) as s:
-        _known = store.analyses_by_digest(s, family_name) if not force else {}
-        for name, recipe in list(wanted.items()):
-            if not force and store.ok_hash_of(s, name) == source_hash(recipe, versions, published.get(name)):
-                outcome.unchanged.append(name)
-                del wanted[name]
-    total, done = len(wanted), 0
+        _known = {} if force else {k: v for name in families for k, v in store.analyses_by_digest(s, name).items()}
+        todo = []
+        for group in groups:
+            left = []
+            for name, recipe, variant in group:
+                if not force and store.ok_hash_of(s, name) == source_hash(recipe, versions[recipe.family], variant):
+                    outcome.unchanged.append(name)
+                else:
+                    left.append((name, recipe, variant))
+            if left:
+                todo.append(left)
+    total, done = sum(map(len, todo)), 0
 
     def finish(record, table):
         nonlocal done
@@ -254,18 +289,20 @@ def index_family(url: str, family_name: str, patterns=(), jobs: int = 1, force: 
             progress(record["name"], done, total)
 
     if jobs <= 1:
-        for name, recipe in wanted.items():
-            finish(*record_of(name, recipe, variant=published.get(name), known=_known))
+        for group in todo:
+            for name, recipe, variant in group:
+                finish(*record_of(name, recipe, variant=variant, known=_known))
         return outcome
     # fork: workers inherit the imported libraries instead of importing them again (seconds each)
     with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("fork"), initializer=_worker_start,
                              initargs=(os.getpid(),)) as pool:
-        pending = {pool.submit(_build_in_worker, n, r, published.get(n)) for n, r in wanted.items()}
+        pending = {pool.submit(_build_group_in_worker, group) for group in todo}
         try:
             while pending:
                 finished, pending = wait(pending, return_when=FIRST_COMPLETED)
                 for fut in finished:
-                    finish(*fut.result())
+                    for record, table in fut.result():
+                        finish(record, table)
         except BaseException:
             for fut in pending:
                 fut.cancel()

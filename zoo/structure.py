@@ -12,6 +12,7 @@ makes the module undigestible (None): it is analysed for itself. A false "same" 
 figures; a false "different" only costs time, so every doubt resolves to None.
 """
 
+import collections
 import enum
 import functools
 import hashlib
@@ -59,11 +60,19 @@ def _tensor(t) -> str:
     return f"T{type(t).__name__}{tuple(t.shape)}{t.stride()}{t.dtype}{t.requires_grad}"
 
 
+# what _stable gives an empty container of these types, below
+_EMPTY_CONTAINERS = {**{t: f"{t.__name__}[]" for t in (list, tuple, set, frozenset)},
+                     **{t: f"{t.__module__}.{t.__qualname__}{{}}" for t in (dict, collections.OrderedDict)}}
+
+
 def _stable(value, depth: int = 0) -> str:
     """A description of `value` that two equal values share and no process address enters."""
     if depth > 8:
         raise ValueError("undigestible")
-    if type(value) in _PRIMITIVES or isinstance(value, _PRIMITIVES) or isinstance(
+    kind = type(value)
+    if kind in _EMPTY_CONTAINERS and not value:  # most of a module's __dict__: its empty hook dicts
+        return _EMPTY_CONTAINERS[kind]
+    if kind in _PRIMITIVES or isinstance(value, _PRIMITIVES) or isinstance(
             value, (torch.dtype, torch.device, torch.Size, enum.Enum)):
         return f"{type(value).__name__}:{value!r}"
     if isinstance(value, torch.Tensor):
