@@ -45,15 +45,11 @@ def _kind(func):
     return kind
 
 
-class _Uncacheable(Exception):
-    pass
-
-
 def _describe(value):
     """A hashable description of an argument: what a meta kernel can read of it."""
     if isinstance(value, torch.Tensor):
         if type(value) not in (torch.Tensor, torch.nn.Parameter) or not value.is_meta or value.layout != torch.strided:
-            raise _Uncacheable
+            raise ValueError("uncacheable")
         return ("T", value.dtype, tuple(value.shape), value.stride(), value.storage_offset(),
                 value.is_conj(), value.is_neg())
     if isinstance(value, (list, tuple)):
@@ -63,7 +59,7 @@ def _describe(value):
     if value is None or isinstance(value, (bool, int, float, str, torch.dtype, torch.device, torch.layout,
                                            torch.memory_format)):
         return value
-    raise _Uncacheable  # SymInts, generators, opaque objects: the op runs as it is
+    raise ValueError("uncacheable")  # SymInts, generators, opaque objects: the op runs as it is
 
 
 def _extent(shape, stride, itemsize) -> int:
@@ -123,7 +119,7 @@ class KernelCache(TorchDispatchMode):
         if kind is not None:
             try:
                 key = (func, _describe(args), _describe(kwargs), torch.get_default_dtype())
-            except _Uncacheable:
+            except ValueError:  # an argument _describe cannot describe: the op runs as it is
                 key = None
             else:
                 record = _TABLE.get(key)
