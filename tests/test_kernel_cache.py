@@ -89,6 +89,14 @@ def test_strides_are_part_of_the_question():
     assert contiguous.stride() == (8, 1) and transposed.stride() == (1, 4)
 
 
+def test_a_number_is_described_with_its_type():
+    # 1 == 1.0 == True in Python, and they hash alike; the results' dtypes differ
+    kernel_cache.clear()
+    with kernel_cache.KernelCache():
+        made = [torch.ops.aten.full.default([2], value, device="meta") for value in (1, 1.0, True, 1, 1.0, True)]
+    assert [t.dtype for t in made] == [torch.int64, torch.float32, torch.bool] * 2
+
+
 def test_a_view_that_its_schema_does_not_declare_is_never_answered_fresh():
     # aten._unsafe_view returns a view of its input, yet its schema has no alias annotation
     sources = []

@@ -56,8 +56,9 @@ def _describe(value):
         return (type(value).__name__, *map(_describe, value))
     if isinstance(value, dict):
         return ("D", *((k, _describe(v)) for k, v in sorted(value.items())))
-    if value is None or isinstance(value, (bool, int, float, str, torch.dtype, torch.device, torch.layout,
-                                           torch.memory_format)):
+    if isinstance(value, (bool, int, float, complex)):  # with its type: 1 == 1.0 == True, yet full([2], 1)
+        return type(value), value                       # is int64, full([2], 1.0) float32, full([2], True) bool
+    if value is None or isinstance(value, (str, torch.dtype, torch.device, torch.layout, torch.memory_format)):
         return value
     raise ValueError("uncacheable")  # SymInts, generators, opaque objects: the op runs as it is
 
