@@ -144,6 +144,27 @@ def test_a_real_tensor_argument_is_never_answered_from_metadata():
     assert not kernel_cache._TABLE
 
 
+def test_an_op_outside_pytorch_always_runs():
+    # a library's op may give shapes from a setting of its own: only aten and prims ops are answered
+    setting = {"width": 2}
+
+    @torch.library.custom_op("zoo_test::widen", mutates_args=())
+    def widen(x: torch.Tensor) -> torch.Tensor:
+        return x.new_empty(x.shape[0], setting["width"])
+
+    @widen.register_fake
+    def _(x):
+        return x.new_empty(x.shape[0], setting["width"])
+
+    x = torch.empty(3, device="meta")
+    kernel_cache.clear()
+    with kernel_cache.KernelCache():
+        first = widen(x)
+        setting["width"] = 5
+        second = widen(x)
+    assert (first.shape, second.shape) == ((3, 2), (3, 5))
+
+
 def test_the_analysis_forward_runs_under_the_cache_unless_turned_off(cache_off):
     from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
 

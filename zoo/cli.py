@@ -232,9 +232,9 @@ def parser() -> argparse.ArgumentParser:
     s.set_defaults(run=cmd_estimate)
 
     s = sub.add_parser("index", parents=[common], help="build models on meta and record them",
-                       description="index timm|torchvision [PATTERN...]; index installed [PATTERN...] (timm and torchvision, "
-                                   "architectures and pretrained variants, in one run); index builder MODULE:FUNCTION --name NAME "
-                                   "[--kwargs JSON]; index checkpoint FILE [--name NAME]; index hf SOURCE... "
+                       description="index timm|torchvision [PATTERN...]; index installed [PATTERN...] (timm and "
+                                   "torchvision, architectures and pretrained variants, in one run); index builder "
+                                   "MODULE:FUNCTION --name NAME [--kwargs JSON]; index checkpoint FILE [--name NAME]; index hf SOURCE... "
                                    "[--name NAME] [--revision REV] (SOURCE: a config.json, a directory holding one, "
                                    "or a hub repo id ORG/NAME); index hf --author|--search|--filter|--local-cache")
     s.add_argument("source", choices=["timm", "torchvision", "installed", "builder", "checkpoint", "hf"])

@@ -7,9 +7,10 @@ repeated blocks, the inference and training forwards of one model, one family's 
 so ``KernelCache`` remembers, per op and per description of its arguments, the outputs' metadata, and
 answers a repeat with freshly allocated meta tensors of exactly that metadata.
 
-Only what cannot differ is answered: functional ops (no argument mutated, no output aliasing an
-input), every tensor argument a dense meta tensor (on meta nothing can depend on values), every output a
-fresh, dense meta tensor of its own storage and of exactly its extent. Anything else runs as it is.
+Only what cannot differ is answered: PyTorch's own functional ops (no argument mutated, no output
+aliasing an input) and in-place ops that change no metadata; every tensor argument a dense meta tensor
+(on meta nothing can depend on values); every output a fresh, dense meta tensor of its own storage and
+of exactly its extent. Anything else runs as it is.
 A fresh allocation is what the real kernel makes too, so the meters above the cache (FLOPs, live and
 saved bytes) see the same shapes and the same storages: the figures are equal, which the tests check
 against analyses run without it.
@@ -25,6 +26,9 @@ _TABLE: dict = {}  # shared by every forward in this process: families repeat th
 _KIND: dict = {}  # op overload -> FUNCTIONAL, IN_PLACE or None (not answered)
 FUNCTIONAL, IN_PLACE = "functional", "in-place"
 _SELF = "self"  # the record of an in-place op: it returns its first argument, its metadata unchanged
+# PyTorch's own ops, whose meta kernels read their arguments alone; a library's or a user's op may register a
+# fake kernel that reads a setting of its own, so those always run
+_NAMESPACES = ("aten", "prims")
 
 
 def _kind(func):
@@ -32,7 +36,9 @@ def _kind(func):
     if kind is False:
         schema = func._schema
         args, returns = schema.arguments, schema.returns
-        if (not schema.is_mutable and all(a.alias_info is None for a in args) and returns
+        if getattr(func, "namespace", None) not in _NAMESPACES:
+            kind = None
+        elif (not schema.is_mutable and all(a.alias_info is None for a in args) and returns
                 and all(r.alias_info is None and str(r.type) in ("Tensor", "Tensor?", "Tensor[]") for r in returns)):
             kind = FUNCTIONAL
         elif (args and args[0].alias_info is not None and args[0].alias_info.is_write
