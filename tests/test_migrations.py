@@ -69,6 +69,24 @@ def test_three_first_uses_of_an_empty_database_all_succeed(backend_url):
     _assert_schema_matches_orm(backend_url)
 
 
+def test_the_revision_is_read_after_the_tables(backend_url):
+    """Another process commits the schema's tables and its revision together: read in this order, tables
+    without a revision can only be another program's database, never a schema committed between the reads."""
+    from sqlalchemy import event
+
+    db.upgrade(backend_url)
+    statements = []
+    eng = db.engine(backend_url)
+    record = lambda conn, cursor, statement, *rest: statements.append(statement)  # noqa: E731
+    event.listen(eng, "before_cursor_execute", record)
+    try:
+        revision, tables = db._revision_and_tables(eng)
+    finally:
+        event.remove(eng, "before_cursor_execute", record)
+    assert revision == db.SCHEMA_REVISION and "models" in tables
+    assert "version_num" in statements[-1] and len(statements) > 1
+
+
 def test_a_missing_registry_file_is_a_clear_error(tmp_path):
     from zoo.errors import RegistryNotFound
 

@@ -275,7 +275,7 @@ def upgrade(url: str, revision: str = "head") -> None:
 
 
 def _revision_and_tables(eng: Engine) -> tuple[str | None, list[str]]:
-    """The schema revision and the table names, read in that order's reverse: tables first. Another process
+    """The schema revision and the table names, the tables read first. Another process
     creating the schema commits its tables and its revision together, so a revision read after the tables is
     never older than they are: tables without a revision are another program's database, not a schema that
     was committed between the two reads (seen once: three first uses at once on PostgreSQL, one refused)."""
