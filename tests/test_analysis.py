@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from tests.conftest import ROOT, cli_json, run_cli
-from zoo.analysis import LiveBytes, analyze, loss_of, make_optimizer, measure_step, scan
+from zoo.analysis import LiveBytes, SavedBytes, analyze, loss_of, make_optimizer, measure_step, scan
 from zoo.recipe import Recipe
 
 # ---------------------------------------------------------------------------------------------
@@ -190,6 +190,36 @@ def test_analyze_leaves_the_module_as_it_was():
     assert result.status == "ok"
     assert module.training and not module.fc.training and module.layer1.training
     assert inspect_module(module).tensor_table == before
+
+
+def test_analyze_keeps_nothing_of_the_module_alive():
+    """The training forward's saved tensors go with its graph: a module analysed and dropped is freed, weights
+    and all (a pack hook that kept each saved tensor itself tied every graph into a loop no collector sees, and
+    an index run's workers kept every model they had analysed)."""
+    import gc
+    import weakref
+
+    from zoo.build import build_meta
+
+    module = build_meta(Recipe("timm", "resnet18"))
+    weight = weakref.ref(module.conv1.weight)
+    assert analyze(module, {"args": [[3, 224, 224]]}).train_activation_bytes > 0
+    del module
+    gc.collect()
+    assert weight() is None
+
+
+def test_saved_bytes_forgets_a_dropped_branch_and_backward_still_runs():
+    x = torch.randn(1000, requires_grad=True)
+    with SavedBytes() as saved:
+        dropped = x.exp()  # exp saves its own output: 4000 bytes while `dropped` lives
+        assert saved.bytes == 4000
+        kept = x.exp() * 3  # exp's output is saved again (4000 bytes), the product saves nothing
+        assert saved.bytes == 8000
+        del dropped
+        assert saved.bytes == 4000
+        kept.sum().backward()
+    assert torch.allclose(x.grad, 3 * x.detach().exp())
 
 
 def test_analyze_records_training_bytes_apart_when_batch_one_cannot_train():

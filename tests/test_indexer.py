@@ -49,6 +49,16 @@ def test_index_is_idempotent(backend_url):
     assert forced.indexed == ["timm/resnet18"]
 
 
+def test_workers_leave_the_callers_garbage_collector_as_it_was(tmp_path):
+    """An index run with workers freezes the libraries' objects out of garbage collection while it runs (zoo.indexer)
+    and gives them back after: the caller's process collects as before."""
+    import gc
+
+    outcome = indexer.index_family(f"sqlite:///{tmp_path}/r.db", "timm", ["resnet1*"], jobs=2)
+    assert outcome.indexed and not outcome.failed
+    assert gc.get_freeze_count() == 0
+
+
 def test_a_failing_build_is_recorded_not_raised(backend_url):
     fresh_url = backend_url
     from zoo.recipe import Recipe

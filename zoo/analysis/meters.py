@@ -229,7 +229,10 @@ class SavedBytes:
             self.held[key] = st.nbytes()
             self.bytes += self.held[key]
             weakref.finalize(st, self._release, key)
-        return t
+        # a detached alias, not t itself: autograd keeps a saved output without a reference to its own grad_fn,
+        # and a pack hook that returned t would close that loop in C++, where no garbage collector sees it
+        # (every module analysed stayed alive, its graph and weights with it)
+        return t.detach()
 
     def _release(self, key):
         self.bytes -= self.held.pop(key, 0)
