@@ -29,6 +29,12 @@ SHADOW_LIMIT = 1 << 20  # elements; larger constructed tensors stay value-less m
 # In-place ops that set every element from their arguments alone.
 _OVERWRITES = frozenset({"zero_", "fill_", "copy_", "ones_", "zeros_", "constant_", "fill_diagonal_"})
 _DATA_GET = torch.Tensor.data.__get__
+# Calls that read metadata or set grad mode: no tensor in, none out that a shadow or the device could change
+_QUERIES = frozenset({
+    torch._C._set_grad_enabled, torch.Tensor.dim, torch.Tensor.size, torch.Tensor.is_contiguous,
+    torch.Tensor.shape.__get__, torch.Tensor.dtype.__get__, torch.Tensor.device.__get__,
+    torch.Tensor.requires_grad.__get__, torch.Tensor.is_meta.__get__, torch.Tensor.ndim.__get__,
+})
 _ALIAS_OF = "_zoo_alias_of"
 # A shadow rides on its meta tensor as an attribute: it dies with the tensor, and a weak
 # dictionary's callbacks were a tenth of a build's time.
@@ -68,6 +74,8 @@ class ForceMeta(TorchFunctionMode):
         self.shadow_limit = shadow_limit
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
+        if func in _QUERIES:  # a third of a build's calls: nothing to route, write or shadow
+            return func(*args, **(kwargs or {}))
         kwargs = kwargs or {}
         if func in _MOVES and args and isinstance(args[0], torch.Tensor):
             out = _to_meta(func, args, kwargs)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import itertools
 import os
 
 import torch
@@ -32,7 +33,7 @@ def device_context(module: nn.Module):
     allocates as the fused kernel would (FusedAttention), and repeated ops are answered from the kernel
     cache (zoo.analysis.kernel_cache; ZOO_KERNEL_CACHE=0 turns it off). Enter it before the meters: the
     cache must sit below them. A real module runs as it is."""
-    first = next(iter([*module.parameters(), *module.buffers()]), None)
+    first = next(itertools.chain(module.parameters(), module.buffers()), None)
     if first is not None and not first.is_meta:
         return contextlib.nullcontext()
     stack = contextlib.ExitStack()
