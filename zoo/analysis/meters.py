@@ -201,13 +201,20 @@ def flop_counter():
     return counter
 
 
-def known_storages(module: nn.Module, *values) -> set[int]:
-    keys = set()
-    for t in [*module.parameters(), *module.buffers(), *tensor_leaves(values)]:
-        key, _ = storage_key(t)
-        if key is not None:
-            keys.add(key)
-    return keys
+class KnownStorages(set):
+    """The keys of the storages that exist before a forward (weights, buffers, inputs), which the meters leave out,
+    holding those storages too: a key is an address, and a storage freed during the forward (a buffer the module
+    replaces, as timm's ConViT does its position indices) would hand it to a new allocation, left out in turn."""
+
+    def __init__(self, storages):
+        storages = list(storages)
+        super().__init__(st._cdata for st in storages)
+        self.storages = storages
+
+
+def known_storages(module: nn.Module, *values) -> KnownStorages:
+    storages = (storage_key(t)[1] for t in [*module.parameters(), *module.buffers(), *tensor_leaves(values)])
+    return KnownStorages(st for st in storages if st is not None)
 
 
 class SavedBytes:
