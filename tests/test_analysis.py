@@ -1,6 +1,7 @@
 """Analysis without weights (zoo.analysis): FLOPs against torchvision's published figures, scan and estimate
 against real CPU runs, search by flops, the module tree, and forwards that cannot run on meta."""
 
+import contextlib
 import json
 import subprocess
 import sys
@@ -9,6 +10,7 @@ import warnings
 import pytest
 import torch
 from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from tests.conftest import ROOT, cli_json, run_cli
 from zoo.analysis import LiveBytes, SavedBytes, analyze, loss_of, make_optimizer, measure_step, scan
@@ -207,6 +209,43 @@ def test_analyze_keeps_nothing_of_the_module_alive():
     del module
     gc.collect()
     assert weight() is None
+
+
+class _OpsBelow(TorchDispatchMode):
+    """Records the ops that reach the layers under the meters (the kernel cache, the meta kernels)."""
+
+    def __init__(self):
+        super().__init__()
+        self.seen = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.seen.append(str(func))
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize(("family_name", "builder"), [("torchvision", "resnet18"), ("timm", "vit_tiny_patch16_224")])
+def test_live_bytes_counts_the_flops_flop_counter_mode_counts(family_name, builder):
+    """LiveBytes(flops=True), the index-time analysis's one meter, against PyTorch's FlopCounterMode under it: the
+    same FLOPs (convolutions; attention by the custom formula for CPU's flash kernel), the same peak, and the same
+    ops below, batch norm decomposed as FlopCounterMode decomposes it."""
+    from zoo.analysis import flop_counter
+    from zoo.analysis.forward import device_context, train_mode
+    from zoo.analysis.inputs import make_inputs
+    from zoo.build import build_meta
+    from zoo.families import family
+
+    module = build_meta(Recipe(family_name, builder))
+    spec = family(family_name).describe(builder, module)["input"]
+    runs = []
+    for together in (False, True):
+        args, kwargs = make_inputs(spec, batch=1)
+        with device_context(module), train_mode(module, False), torch.no_grad(), _OpsBelow() as below:
+            counter, live = (None, LiveBytes(flops=True)) if together else (flop_counter(), LiveBytes())
+            with counter or contextlib.nullcontext(), live:
+                module(*args, **kwargs)
+        runs.append((live.flops.total if together else counter.get_total_flops(), live.peak, below.seen))
+    assert runs[0] == runs[1]
+    assert runs[1][0] > 0 and "aten.native_batch_norm.default" not in runs[1][2]
 
 
 class _ReplacesItsBuffer(nn.Module):

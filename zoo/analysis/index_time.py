@@ -13,7 +13,7 @@ from torch import nn
 
 from zoo.analysis.forward import accepts, device_context, outputs_of, train_mode
 from zoo.analysis.inputs import inputs_of, make_inputs
-from zoo.analysis.meters import LiveBytes, SavedBytes, flop_counter, known_storages
+from zoo.analysis.meters import LiveBytes, SavedBytes, known_storages
 from zoo.columns import ANALYSIS
 from zoo.errors import reason
 
@@ -52,7 +52,7 @@ def _inputs(module: nn.Module, spec: dict) -> tuple[list, dict]:
 def analyze(module: nn.Module, spec: dict | None, budget_s: float | None = DEFAULT_BUDGET_S) -> Analysis:
     """Measure a meta module at batch 1 with its input spec; never raises for the model's sake.
 
-    Two forwards: eval + no_grad under FlopCounterMode and LiveBytes (flops, inference peak,
+    Two forwards: eval + no_grad under LiveBytes counting FLOPs too (flops, inference peak,
     output shapes), then train mode with grad under SavedBytes (activation bytes saved for
     backward). The module's train/eval flags are restored; its tensors are not changed.
     """
@@ -67,15 +67,14 @@ def analyze(module: nn.Module, spec: dict | None, budget_s: float | None = DEFAU
         args, kwargs = _inputs(module, spec)
         known = known_storages(module, args, kwargs)
         with device_context(module), train_mode(module, False), torch.no_grad():
-            counter = flop_counter()
-            live = LiveBytes(known, deadline)
-            with counter, live:
+            live = LiveBytes(known, deadline, flops=True)
+            with live:
                 out = module(*args, **kwargs)
             shapes = outputs_of(out)
             del out
     except Exception as e:  # recorded, not raised: a model that cannot run on meta is a finding
         return Analysis(SCAN_ERROR, reason(e), inputs=inputs)
-    flops = int(counter.get_total_flops())
+    flops = int(live.flops.total)
     saved, error = None, None
     # A model that cannot take a training step at batch 1 (BatchNorm over a single value)
     # keeps its inference figures; the training figure stays empty, with the reason.
