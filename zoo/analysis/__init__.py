@@ -4,9 +4,9 @@ Nothing here reads a weight or allocates one: a model built on meta runs its own
 tensors, which computes every shape and dtype and no value. Three things are measured:
 
 * FLOPs and MACs: ``torch.utils.flop_counter.FlopCounterMode``'s formulas over an inference forward at
-  batch 1 (counted in ``LiveBytes``, as FlopCounterMode counts them). It counts 2 FLOPs per multiply-accumulate in matmuls, convolutions and attention
-  (and nothing for elementwise ops, norms or pooling), so ``macs = flops // 2`` and MACs are what
-  torchvision publishes as "GFLOPS".
+  batch 1, counted inside ``LiveBytes`` as FlopCounterMode counts them: 2 FLOPs per multiply-accumulate
+  in matmuls, convolutions and attention (and nothing for elementwise ops, norms or pooling), so
+  ``macs = flops // 2`` and MACs are what torchvision publishes as "GFLOPS".
 * Activation bytes: in training mode, the tensors autograd saves for backward
   (``torch.autograd.graph.saved_tensors_hooks``), counted once per storage; in inference, the peak
   of live activation storages during an eval, no-grad forward (``LiveBytes``). Weights, buffers and
