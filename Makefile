@@ -38,15 +38,12 @@ test-fast: $(STAMP)
 sweep: $(STAMP)
 	$(BIN)/python -m pytest -q -s -m sweep tests/test_zoo_sweep.py
 
-# Rebuild the shipped registry: unchanged models are skipped, so only what changed is rebuilt. --pretrained:
-# a row per pretrained variant (timm tag, torchvision weights enum) with its published metadata; timm's
-# published validation results are read from catalog/timm-results (see its README for their provenance).
+# Rebuild the shipped registry: unchanged models are skipped, so only what changed is rebuilt. `installed`: every
+# timm and torchvision architecture and a row per pretrained variant (timm tag, torchvision weights enum) with its
+# published metadata; timm's published validation results are read from catalog/timm-results (see its README).
 registry: $(STAMP)
 	$(BIN)/zoo --registry registry.db db upgrade
-	$(BIN)/zoo --registry registry.db index timm -j 2
-	$(BIN)/zoo --registry registry.db index timm --pretrained --results catalog/timm-results -j 2
-	$(BIN)/zoo --registry registry.db index torchvision -j 2
-	$(BIN)/zoo --registry registry.db index torchvision --pretrained -j 2
+	$(BIN)/zoo --registry registry.db index installed --results catalog/timm-results -j 2
 	$(BIN)/zoo --registry registry.db index hf catalog/hf/*__*.json
 	$(BIN)/zoo --registry registry.db db compact
 
