@@ -266,6 +266,16 @@ def test_a_buffer_replaced_in_the_forward_does_not_hide_the_next_allocation():
     not pass to the next allocation (ConViT's peak took 4 values over 4 fresh builds)."""
     peaks = {analyze(_ReplacesItsBuffer().to("meta"), {"args": [[1000]]}).peak_activation_bytes for _ in range(5)}
     assert peaks == {3 * 4000}
+    from zoo.analysis.forward import device_context
+    from zoo.analysis.meters import known_storages
+
+    inline = set()  # the meter holds the storages itself: nobody else need keep known_storages' result
+    for _ in range(5):
+        module, x = _ReplacesItsBuffer().to("meta"), torch.empty(1, 1000, device="meta")
+        with device_context(module), torch.no_grad(), LiveBytes(known_storages(module, x)) as live:
+            module(x)
+        inline.add(live.peak)
+    assert inline == {3 * 4000}
 
 
 def test_saved_bytes_forgets_a_dropped_branch_and_backward_still_runs():

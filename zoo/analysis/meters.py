@@ -47,7 +47,7 @@ class LiveBytes(TorchDispatchMode):
     def __init__(self, known=(), deadline: float | None = None, log: list | None = None, flops: bool = False):
         super().__init__()
         self.flops = _FlopCount() if flops else None
-        self.known = set(known)
+        self.known = known if isinstance(known, KnownStorages) else set(known)  # held, not copied
         # where given: every change as (allocation number, +/- bytes), to replay it (replay_peak); a number,
         # not the storage key, since a freed storage's address is reused
         self.log = log
@@ -249,7 +249,8 @@ def flop_counter():
 class KnownStorages(set):
     """The keys of the storages that exist before a forward (weights, buffers, inputs), which the meters leave out,
     holding those storages too: a key is an address, and a storage freed during the forward (a buffer the module
-    replaces, as timm's ConViT does its position indices) would hand it to a new allocation, left out in turn."""
+    replaces, as timm's ConViT does its position indices) would hand it to a new allocation, left out in turn.
+    The meters keep this object itself, so the storages stay held for as long as a meter runs."""
 
     def __init__(self, storages):
         storages = list(storages)
@@ -267,7 +268,7 @@ class SavedBytes:
     is still held now (a saved tensor of a graph branch that was dropped is freed with it)."""
 
     def __init__(self, known=(), deadline: float | None = None):
-        self.known = set(known)
+        self.known = known if isinstance(known, KnownStorages) else set(known)  # held, not copied
         self.held: dict[int, int] = {}
         self.bytes = 0
         self.deadline = deadline
