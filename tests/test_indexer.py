@@ -166,7 +166,7 @@ def test_index_json_gives_each_built_models_seconds_per_stage(fresh_url):
     summary = cli_json("index", "timm", "resnet10t", "resnet14t", registry=fresh_url)
     assert set(summary["timings"]) == {"timm/resnet10t", "timm/resnet14t"}
     for stages in summary["timings"].values():
-        assert set(stages) == {"build_s", "analysis_s", "save_s", "analysis_reused"}
+        assert set(stages) == {"build_s", "build_reused", "analysis_s", "save_s", "analysis_reused"}
         assert stages["analysis_reused"] is False  # two different models: each analysed
         assert all(stages[k] > 0 for k in ("build_s", "analysis_s", "save_s"))
     again = cli_json("index", "timm", "resnet10t", registry=fresh_url)  # unchanged: nothing built, no timings

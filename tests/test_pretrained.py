@@ -208,6 +208,23 @@ def test_timm_variants_are_what_create_model_builds_for_the_tag(registry):
     assert registry.info("timm/legacy_seresnet18.in1k").weights_source["hf_hub_id"] is None
 
 
+def test_a_timm_variant_is_analysed_at_its_weights_published_size():
+    """vitamin_xlarge_336's entrypoint resolves vitamin_xlarge_256's cfg, so the module timm builds for the tag
+    says 256; the weights' published cfg (timm's registry entry for the tag) says 336, and so does the row."""
+    from timm.models import get_pretrained_cfg
+
+    from zoo import indexer
+    from zoo.build import build_meta
+
+    tag = "vitamin_xlarge_336.datacomp1b_clip"
+    (name, (recipe, variant)), = indexer.wanted_variants("timm", [tag]).items()
+    record, _ = indexer.record_of(name, recipe, variant=variant)
+    assert tuple(get_pretrained_cfg(tag).input_size) == (3, 336, 336)
+    assert json.loads(record["input_size"]) == [3, 336, 336] and record["scan_status"] == "ok"
+    assert json.loads(record["inputs"])[0]["shape"] == [1, 3, 336, 336]
+    assert build_meta(recipe).pretrained_cfg["input_size"] == (3, 256, 256)  # what timm's module carries
+
+
 def _published(file: str) -> dict:
     with open(RESULTS / f"results-{file}.csv", newline="") as f:
         rows = list(csv.DictReader(f))

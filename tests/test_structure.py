@@ -99,9 +99,10 @@ def _rows(url: str) -> dict:
 
 def test_index_installed_records_what_the_four_family_runs_record(tmp_path):
     """`zoo index installed` (architectures and variants of timm and torchvision in one run, each architecture
-    followed by its variants in one worker) gives the same rows as indexing each family and then its variants,
-    and its variants reuse the analysis their architecture recorded moments before in the same worker."""
-    patterns = ["resnet18*", "vit_tiny_patch16_224*"]
+    followed by its variants in one worker) gives the same rows as indexing each family and then its variants (each
+    variant built for itself), and its variants reuse the build and the analysis their architecture made moments
+    before in the same worker."""
+    patterns = ["resnet18*", "vit_tiny_patch16_224*", "sequencer2d_s*"]  # sequencer2d_s: no digest (an LSTM's weakrefs)
     one_run, four_runs = f"sqlite:///{tmp_path}/installed.db", f"sqlite:///{tmp_path}/families.db"
     summary = cli_json("index", "installed", *patterns, "-j", "2", registry=one_run)
     for fam in ("timm", "torchvision"):
@@ -113,6 +114,13 @@ def test_index_installed_records_what_the_four_family_runs_record(tmp_path):
             "timm/vit_tiny_patch16_224.augreg_in21k"} <= set(rows) and summary["indexed"] == len(rows)
     assert summary["timings"]["timm/resnet18.a1_in1k"]["analysis_reused"]
     assert not summary["timings"]["timm/resnet18"]["analysis_reused"]
+    # the variants timm constructs as their architecture take its build (zoo.construction); a 21k-class head does not
+    assert summary["timings"]["timm/resnet18.a1_in1k"]["build_reused"]
+    assert not summary["timings"]["timm/vit_tiny_patch16_224.augreg_in21k"]["build_reused"]
+    assert not any(t["build_reused"] for n, t in summary["timings"].items() if n.startswith("torchvision/"))
+    # its own module at the same input: reused without a digest
+    assert structure_digest(_meta(Recipe("timm", "sequencer2d_s")), SPEC) is None
+    assert summary["timings"]["timm/sequencer2d_s.in1k"]["analysis_reused"]
     assert cli_json("index", "installed", *patterns, registry=one_run)["unchanged"] == len(rows)
     with pytest.raises(zoo.errors.InvalidArgument, match="no pretrained flag"):
         zoo.connect(one_run).index("installed", patterns, pretrained=True)

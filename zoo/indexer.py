@@ -1,5 +1,6 @@
 """Index models: build each on meta in worker processes, record it, commit it in its own transaction."""
 
+import contextlib
 import gc
 import hashlib
 import json
@@ -50,6 +51,45 @@ def record_of(name: str, recipe: Recipe, trusted: set[str] | None = None, varian
     model's input spec (zoo.analysis.inputs.parse_inputs), for a family that documents none. `known`:
     structure digest -> analysis columns already recorded; a build with a known digest reuses its analysis,
     and a new one is added to it (zoo.structure)."""
+    record, table, _ = _record(name, recipe, trusted, variant, inputs, known)
+    return record, table
+
+
+@dataclass
+class _Built:
+    """A meta build: the module, its tensor summary, the files its constructor read, the description of the
+    construction that made it (zoo.construction; None where the builder returns another module or it has none), and
+    its analyses so far: input spec (JSON) -> (structure digest, analysis columns)."""
+    module: object
+    summary: object
+    files: list
+    construction: str | None = None
+    analysed: dict = field(default_factory=dict)
+
+
+def _build(recipe: Recipe, trusted, fam, arch: _Built | None) -> tuple[_Built, bool]:
+    """The build of `recipe`, and whether it is its architecture's: a variant whose construction equals `arch`'s
+    stops there and takes arch's module (a family whose construction decides its module, zoo.construction)."""
+    from zoo.build import build_meta
+    from zoo.construction import SameConstruction, watch
+    from zoo.inspection import inspect_module
+
+    files_read = []
+    watching = getattr(fam, "CONSTRUCTION_DECIDES", False)
+    stop_at = arch.construction if arch is not None else None
+    with warnings.catch_warnings():  # builders' deprecation chatter would bury the progress bar
+        warnings.simplefilter("ignore")
+        try:
+            with watch(stop_at) if watching else contextlib.nullcontext() as seen:
+                module = build_meta(recipe, trusted, files_read=files_read)
+        except SameConstruction:
+            return arch, True
+    made_it = seen is not None and seen.first is module
+    return _Built(module, inspect_module(module), sorted(set(files_read)), seen.call if made_it else None), False
+
+
+def _record(name, recipe, trusted=None, variant=None, inputs=None, known=None, arch: _Built | None = None):
+    """record_of, with the build it made (None if it failed); `arch`: the build of a variant's architecture."""
     fam = family(recipe.family)
     versions = fam.versions()
     base = dict(name=name, family=recipe.family, builder=recipe.builder, kwargs=recipe.kwargs_json(),
@@ -57,14 +97,8 @@ def record_of(name: str, recipe: Recipe, trusted: set[str] | None = None, varian
                 **_variant_columns(variant))
     started = time.perf_counter()
     try:
-        from zoo.build import build_meta
-        from zoo.inspection import inspect_module
-
-        files_read = []
-        with warnings.catch_warnings():  # builders' deprecation chatter would bury the progress bar
-            warnings.simplefilter("ignore")
-            module = build_meta(recipe, trusted, files_read=files_read)
-        summary = inspect_module(module)
+        built, same = _build(recipe, trusted, fam, arch)
+        module, summary = built.module, built.summary
         described = fam.describe(recipe.builder, module, **({"tag": variant["tag"]} if variant else {}))
         llm = {}
         if recipe.family == "hf":  # language-model fields from the built module and its config
@@ -73,35 +107,42 @@ def record_of(name: str, recipe: Recipe, trusted: set[str] | None = None, varian
             llm = llm_fields(module, module.config)
     except Exception as e:  # recorded, not raised: one broken model must not stop an index run
         return {**base, "status": "error", "error": reason(e.__cause__ or e),
-                "timing": {"build_s": round(time.perf_counter() - started, 4)}}, None
-    built = time.perf_counter()
+                "timing": {"build_s": round(time.perf_counter() - started, 4)}}, None, None
+    built_at = time.perf_counter()
     spec = described.get("input")
     if spec is None and inputs:
         from zoo.analysis.inputs import spec_of_inputs
 
         spec = spec_of_inputs(inputs)
-    from zoo.structure import structure_digest
+    at = json.dumps(spec, sort_keys=True)
+    analysed = built.analysed.get(at)
+    if analysed:  # this very module at this input (a variant's construction equal to its architecture's)
+        digest, analysis, reused = *analysed, True
+    else:
+        from zoo.structure import structure_digest
 
-    # the analysis also depends on the libraries and on zoo's analysis code: both are part of the key
-    digest = structure_digest(module, (spec, base["versions"], RECORD_VERSION))
-    reused = known is not None and digest in known
-    analysis = dict(known[digest]) if reused else _analyze(module, spec)
-    if known is not None and digest is not None and analysis.get("scan_status") == "ok":
-        known[digest] = analysis
+        # the analysis also depends on the libraries and on zoo's analysis code: both are part of the key
+        digest = structure_digest(module, (spec, base["versions"], RECORD_VERSION))
+        reused = known is not None and digest in known
+        analysis = dict(known[digest]) if reused else _analyze(module, spec)
+        if analysis.get("scan_status") == "ok":  # a timeout or an error is not passed on
+            built.analysed[at] = digest, analysis
+            if known is not None and digest is not None:
+                known[digest] = analysis
     cls = type(module)
     return {
         # seconds per stage, for `zoo index --json` (not a column: write_model takes only COLUMNS)
-        "timing": {"build_s": round(built - started, 4), "analysis_s": round(time.perf_counter() - built, 4),
-                   "analysis_reused": reused},
+        "timing": {"build_s": round(built_at - started, 4), "build_reused": same,
+                   "analysis_s": round(time.perf_counter() - built_at, 4), "analysis_reused": reused},
         "structure_digest": digest,
         **base, "status": "ok", "error": None, "arch": f"{cls.__module__}.{cls.__qualname__}",
-        "constructor_files": sorted(set(files_read)),  # recorded as weights tags, not a column
+        "constructor_files": built.files,  # recorded as weights tags, not a column
         "task": base.get("task") or described["task"],
         "input_size": BY_NAME["input_size"].encode(described["input_size"] or None),
         "dtype": summary.dtype, "params": summary.params, "trainable": summary.trainable,
         "buffers": summary.buffers, "tensors": summary.tensors, "param_bytes": summary.param_bytes,
         "buffer_bytes": summary.buffer_bytes, "bytes": summary.bytes, **analysis, **llm,
-    }, summary.tensor_table
+    }, summary.tensor_table, built
 
 
 _VARIANT_KEYS = ("builder", "kwargs")  # a variant's recipe, not columns
@@ -141,8 +182,8 @@ def save(url: str, record: dict, table, replace: bool = False) -> None:
 
     shipped = [(path, *digest(path)) for path in record.get("constructor_files", ())]
     with db.session(url, write=True) as s, s.begin():
-        store.write_model(s, record, table, replace)
-        store.drop_weights(s, record["name"], [t for t in store.weights_tags(s, record["name"]) if is_constructor_tag(t)])
+        if not store.write_model(s, record, table, replace):  # a new name has no tags to drop
+            store.drop_weights(s, record["name"], [t for t in store.weights_tags(s, record["name"]) if is_constructor_tag(t)])
         for i, (path, sha256, nbytes) in enumerate(shipped):
             store.add_weights(s, record["name"], CONSTRUCTOR_TAG + (f"-{i + 1}" if i else ""), path, sha256, nbytes)
 
@@ -174,10 +215,20 @@ def _worker_start(parent: int) -> None:
 _known: dict = {}  # structure digest -> analysis, set by _index_groups before its workers fork: they inherit it
 
 
+def _records_of_group(group: list):
+    """Build a group in order (an architecture, then its variants), yielding (record, table): a variant whose
+    construction equals its architecture's takes the architecture's build (zoo.construction), and one built
+    unchanged reuses the analysis its architecture just recorded in _known."""
+    arch = None
+    for name, recipe, variant in group:
+        record, table, built = _record(name, recipe, variant=variant, known=_known, arch=arch)
+        if variant is None:
+            arch = built
+        yield record, table
+
+
 def _build_group_in_worker(group: list) -> list:
-    """Build a group in order (an architecture, then its variants): a variant built unchanged reuses the
-    analysis its architecture just recorded in this worker's _known."""
-    return [record_of(name, recipe, variant=variant, known=_known) for name, recipe, variant in group]
+    return list(_records_of_group(group))
 
 
 def wanted_variants(family_name: str, patterns=(), results=None) -> dict[str, tuple[Recipe, dict]]:
@@ -291,8 +342,8 @@ def _index_groups(url: str, families, groups: list, jobs: int, force: bool, prog
 
     if jobs <= 1:
         for group in todo:
-            for name, recipe, variant in group:
-                finish(*record_of(name, recipe, variant=variant, known=_known))
+            for record, table in _records_of_group(group):
+                finish(record, table)
         return outcome
     # fork: workers inherit the imported libraries instead of importing them again (seconds each)
     from zoo import analysis, build, structure  # noqa: F401 - imported once here, not in each worker

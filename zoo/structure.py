@@ -13,6 +13,7 @@ figures; a false "different" only costs time, so every doubt resolves to None.
 """
 
 import collections
+import dataclasses
 import enum
 import functools
 import hashlib
@@ -42,7 +43,7 @@ def structure_digest(module: torch.nn.Module, spec) -> str | None:
                     value = {k: _tensor(t) for k, t in value.items()}
                 elif "hooks" in key and isinstance(value, dict):  # keyed by a global handle counter
                     value = list(value.values())
-                parts.append(f"\1{key}={_stable(value)}")
+                parts.append(f"\1{key}={stable_description(value)}")
     except ValueError:  # something without a stable description: analysed for itself
         return None
     return hashlib.sha256("".join(parts).encode()).hexdigest()
@@ -60,12 +61,12 @@ def _tensor(t) -> str:
     return f"T{type(t).__name__}{tuple(t.shape)}{t.stride()}{t.dtype}{t.requires_grad}"
 
 
-# what _stable gives an empty container of these types, below
+# what stable_description gives an empty container of these types, below
 _EMPTY_CONTAINERS = {**{t: f"{t.__name__}[]" for t in (list, tuple, set, frozenset)},
                      **{t: f"{t.__module__}.{t.__qualname__}{{}}" for t in (dict, collections.OrderedDict)}}
 
 
-def _stable(value, depth: int = 0) -> str:
+def stable_description(value, depth: int = 0) -> str:
     """A description of `value` that two equal values share and no process address enters."""
     if depth > 8:
         raise ValueError("undigestible")
@@ -78,10 +79,10 @@ def _stable(value, depth: int = 0) -> str:
     if isinstance(value, torch.Tensor):
         return _tensor(value)
     if isinstance(value, (list, tuple, set, frozenset)):
-        items = [_stable(v, depth + 1) for v in value]
+        items = [stable_description(v, depth + 1) for v in value]
         return f"{type(value).__name__}[{','.join(sorted(items) if isinstance(value, (set, frozenset)) else items)}]"
     if isinstance(value, dict):  # hook dicts too: their values are functions or bound methods
-        return f"{_qualname(type(value))}{{{','.join(f'{_stable(k, depth + 1)}:{_stable(v, depth + 1)}' for k, v in value.items())}}}"
+        return f"{_qualname(type(value))}{{{','.join(f'{stable_description(k, depth + 1)}:{stable_description(v, depth + 1)}' for k, v in value.items())}}}"
     if isinstance(value, type) or isinstance(value, (types.BuiltinFunctionType, torch._ops.OpOverload)):
         return f"C:{_qualname(value)}"
     if isinstance(value, types.FunctionType):
@@ -93,5 +94,8 @@ def _stable(value, depth: int = 0) -> str:
             raise ValueError("undigestible")
         return f"M:{_qualname(value.__func__)}"
     if isinstance(value, functools.partial):
-        return f"P:{_stable(value.func, depth + 1)}{_stable(value.args, depth + 1)}{_stable(value.keywords, depth + 1)}"
+        return f"P:{stable_description(value.func, depth + 1)}{stable_description(value.args, depth + 1)}{stable_description(value.keywords, depth + 1)}"
+    if dataclasses.is_dataclass(value):  # a model's config (timm's ByoModelCfg, MaxxVitCfg): its class and fields
+        fields = ",".join(f"{f.name}={stable_description(getattr(value, f.name), depth + 1)}" for f in dataclasses.fields(value))
+        return f"D:{_qualname(kind)}({fields})"
     raise ValueError("undigestible")

@@ -32,6 +32,13 @@ def _pretrained_tags() -> frozenset:
 _TAGS = None
 
 
+# timm constructs a model's class once (build_model_with_cfg), with the arguments its tag resolves to (num_classes,
+# in_chans, img_size, ...); what it does to the model afterwards (features_only, pruned) reads the architecture, never
+# the tag (timm 1.0.31). So a variant whose construction equals its architecture's is that module (zoo.construction);
+# tests/test_construction.py checks a variant of every timm module against its own full build.
+CONSTRUCTION_DECIDES = True
+
+
 def build(builder: str, kwargs: dict):
     import timm
 
@@ -39,8 +46,15 @@ def build(builder: str, kwargs: dict):
 
 
 def describe(builder: str, module, tag: str | None = None) -> dict:
-    """The module's pretrained cfg gives the size: a variant's (built from its tag) is its own."""
-    cfg = getattr(module, "pretrained_cfg", None) or {}
+    """A variant's size ("resnet50.a1_in1k") is its weights' published one, timm's cfg of the tag; an architecture's,
+    the pretrained cfg its module was built with. The two agree, except where an entrypoint resolves another model's
+    cfg (vitamin_xlarge_336 builds with vitamin_xlarge_256's)."""
+    if "." in builder:
+        from timm.models import get_pretrained_cfg
+
+        cfg = get_pretrained_cfg(builder).to_dict()
+    else:
+        cfg = getattr(module, "pretrained_cfg", None) or {}
     size = cfg.get("input_size")
     return {"task": "image-classification", "input_size": list(size) if size else None,
             "input": {"args": [list(size)]} if size else None}  # zoo.analysis input spec: one image batch

@@ -120,7 +120,10 @@ def analyses_by_digest(session: Session, family: str) -> dict[str, dict]:
 def check_replace(session: Session, name: str, family: str, builder: str, replace: bool = False) -> None:
     """Refuse (ModelExists) to put a model of another family or builder under a name that holds one,
     unless replace: a name is never taken over silently."""
-    row = session.scalar(select(Model).where(Model.name == name))
+    _refuse_takeover(session, session.scalar(select(Model).where(Model.name == name)), family, builder, replace)
+
+
+def _refuse_takeover(session: Session, row: Model | None, family: str, builder: str, replace: bool) -> None:
     if row is None or (row.family, row.builder) == (family, builder) or replace:
         return
     tags = session.scalars(select(Weights.tag).where(Weights.model_id == row.id)).all()
@@ -130,29 +133,31 @@ def check_replace(session: Session, name: str, family: str, builder: str, replac
                       + ": choose another --name, or pass --force to replace it")
 
 
-def write_model(session: Session, record: dict, tensor_table, replace: bool = False) -> None:
+def write_model(session: Session, record: dict, tensor_table, replace: bool = False) -> bool:
     """Insert one model, or update its row in place (its recorded weights stay), with its tensors, in the
-    current transaction. A row of another family or builder is replaced only with replace=True, and
-    then its weights tags go with it: they were another model's files."""
+    current transaction; True if the name was new. A row of another family or builder is replaced only with
+    replace=True, and then its weights tags go with it: they were another model's files."""
     values = {c.name: record.get(c.name, c.default) for c in COLUMNS}  # a failed build clears the old figures
     values.update(short=short_name(record["name"]), indexed_at=datetime.now(timezone.utc).replace(tzinfo=None))
     values["arch_name"] = values["arch_name"] or record["name"]  # an architecture is its own
     check_lengths(session, values, {c.name: c.size for c in COLUMNS})
     lock_name(session, record["name"])  # before the select: the select-then-insert must not interleave
-    check_replace(session, record["name"], record["family"], record["builder"], replace)
     row = session.scalar(select(Model).where(Model.name == record["name"]))
-    if row is not None and (row.family, row.builder) != (record["family"], record["builder"]):
-        session.execute(delete(Weights).where(Weights.model_id == row.id))
-    if row is None:
+    _refuse_takeover(session, row, record["family"], record["builder"], replace)
+    new = row is None
+    if new:
         row = Model(**values)
         session.add(row)
         session.flush()
     else:
+        if (row.family, row.builder) != (record["family"], record["builder"]):
+            session.execute(delete(Weights).where(Weights.model_id == row.id))
         for key, value in values.items():
             setattr(row, key, value)
         session.execute(delete(ModelTensors).where(ModelTensors.model_id == row.id))
     if tensor_table is not None:
         session.add(ModelTensors(model_id=row.id, data=encode_tensors(tensor_table)))
+    return new
 
 
 def remove(session: Session, name: str) -> str:
