@@ -35,18 +35,42 @@ def structure_digest(module: torch.nn.Module, spec) -> str | None:
     try:
         for path, sub in module.named_modules(remove_duplicate=False):
             parts.append(f"\0{path}:{_qualname(type(sub))}")
-            for key in sorted(sub.__dict__):
-                value = sub.__dict__[key]
-                if key == "_modules" or key in _WEIGHTS_METADATA:  # modules: visited, their names in the paths
+            attributes = sub.__dict__
+            for key in sorted(attributes):
+                value = attributes[key]
+                kind = type(value)
+                # most attributes are empty hook dicts and flags: their part, once made, is looked up
+                if kind in _EMPTY_CONTAINERS and not value:
+                    known = (key, kind)
+                elif kind in _SCALARS:
+                    known = (key, kind, value)
+                else:
+                    parts.append(_part(key, value))
                     continue
-                if key in _TENSOR_SLOTS:
-                    value = {k: _tensor(t) for k, t in value.items()}
-                elif "hooks" in key and isinstance(value, dict):  # keyed by a global handle counter
-                    value = list(value.values())
-                parts.append(f"\1{key}={stable_description(value)}")
+                part = _PARTS.get(known)
+                if part is None:
+                    part = _part(key, value)
+                    if len(_PARTS) < 100_000:  # a bound: widths and names are many, empty dicts and flags few
+                        _PARTS[known] = part
+                parts.append(part)
     except ValueError:  # something without a stable description: analysed for itself
         return None
     return hashlib.sha256("".join(parts).encode()).hexdigest()
+
+
+_SCALARS = frozenset({bool, int, str, type(None)})  # not float: 0.0 == -0.0, one key, two descriptions
+_PARTS: dict = {}  # (key, type[, value]) -> the part _part gives it
+
+
+def _part(key: str, value) -> str:
+    """What one attribute of a module adds to its digest ("" for those left out)."""
+    if key == "_modules" or key in _WEIGHTS_METADATA:  # modules: visited, their names in the paths
+        return ""
+    if key in _TENSOR_SLOTS:
+        value = {k: _tensor(t) for k, t in value.items()}
+    elif "hooks" in key and isinstance(value, dict):  # keyed by a global handle counter
+        value = list(value.values())
+    return f"\1{key}={stable_description(value)}"
 
 
 def _qualname(obj) -> str:

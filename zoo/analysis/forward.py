@@ -5,13 +5,12 @@ from __future__ import annotations
 import contextlib
 import inspect
 import itertools
-import os
 
 import torch
 from torch import nn
 
 from zoo.analysis.inputs import tensor_leaves
-from zoo.analysis.kernel_cache import KernelCache
+from zoo.analysis import kernel_cache
 from zoo.analysis.meters import FusedAttention
 from zoo.inspection import dtype_name
 
@@ -39,8 +38,8 @@ def device_context(module: nn.Module):
     stack = contextlib.ExitStack()
     stack.enter_context(torch.device("meta"))
     stack.enter_context(FusedAttention())
-    if os.environ.get("ZOO_KERNEL_CACHE", "1") != "0":
-        stack.enter_context(KernelCache())
+    if kernel_cache.enabled():
+        stack.enter_context(kernel_cache.KernelCache())
     return stack
 
 

@@ -18,11 +18,14 @@ against analyses run without it.
 
 from __future__ import annotations
 
+import os
+
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 _MAX_ENTRIES = 100_000  # about 2 KB each (measured over 100 timm models, 66 entries a model): 200 MB at the most
 _TABLE: dict = {}  # shared by every forward in this process: families repeat the same layers
+_COUNTED: dict = {}  # the FLOP count's (zoo.analysis.meters): key -> (record of a decomposed op's outputs or None, FLOPs)
 _KIND: dict = {}  # op overload -> FUNCTIONAL, IN_PLACE or None (not answered)
 FUNCTIONAL, IN_PLACE = "functional", "in-place"
 _SELF = "self"  # the record of an in-place op: it returns its first argument, its metadata unchanged
@@ -49,6 +52,21 @@ def _kind(func):
             kind = None
         _KIND[func] = kind
     return kind
+
+
+def enabled() -> bool:
+    """Whether the meta forwards answer repeated ops from remembered ones (ZOO_KERNEL_CACHE=0: never)."""
+    return os.environ.get("ZOO_KERNEL_CACHE", "1") != "0"
+
+
+def key_of(func, args, kwargs):
+    """What an answer to this call is remembered under, or None for a call that is never answered (module doc)."""
+    if _kind(func) is None:
+        return None
+    try:
+        return func, _describe(args), _describe(kwargs), torch.get_default_dtype()
+    except ValueError:  # an argument _describe cannot describe: the op runs as it is
+        return None
 
 
 def _describe(value):
@@ -86,9 +104,10 @@ def _storages(value, found: set) -> set:
     return found
 
 
-def _recorded(out, inputs: set):
+def recorded(out, args, kwargs):
     """The outputs' metadata, or None when they are not all fresh tensors of their own exact storage
     (some ops return a view of an input without saying so in their schema: aten._unsafe_view)."""
+    inputs = _storages((args, kwargs), set())
     single = isinstance(out, torch.Tensor)
     tensors = [out] if single else list(out) if isinstance(out, (tuple, list)) else None
     if tensors is None:
@@ -109,7 +128,8 @@ def _recorded(out, inputs: set):
     return single, type(out) if not single else None, rows
 
 
-def _rebuilt(record):
+def rebuilt(record):
+    """Fresh meta tensors with the metadata `recorded` took, in its container."""
     single, container, rows = record
     tensors = [None if row is None else torch.empty_strided(row[0], row[1], dtype=row[2], device="meta")
                for row in rows]
@@ -122,38 +142,47 @@ class KernelCache(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        kind, key = _kind(func), None
-        if kind is not None:
-            try:
-                key = (func, _describe(args), _describe(kwargs), torch.get_default_dtype())
-            except ValueError:  # an argument _describe cannot describe: the op runs as it is
-                key = None
-            else:
-                record = _TABLE.get(key)
-                if record is _SELF:
-                    return args[0]
-                if record is not None:
-                    return _rebuilt(record)
-        if kind is IN_PLACE and key is not None:
-            before = (key[1][1], args[0].untyped_storage().nbytes())
-            out = func(*args, **kwargs)
-            if out is args[0] and (_describe(out), out.untyped_storage().nbytes()) == before:
-                _remember(key, _SELF)
-            return out
+        key = key_of(func, args, kwargs)
+        if key is not None:
+            record = _TABLE.get(key)
+            if record is _SELF:
+                return args[0]
+            if record is not None:
+                return rebuilt(record)
+            if _kind(func) is IN_PLACE:
+                before = (key[1][1], args[0].untyped_storage().nbytes())
+                out = func(*args, **kwargs)
+                if out is args[0] and (_describe(out), out.untyped_storage().nbytes()) == before:
+                    _remember(_TABLE, key, _SELF)
+                return out
         out = func(*args, **kwargs)
         if key is not None:
-            _remember(key, _recorded(out, _storages((args, kwargs), set())))
+            _remember(_TABLE, key, recorded(out, args, kwargs))
         return out
 
 
-def _remember(key, record) -> None:
+def _remember(table: dict, key, record) -> None:
     if record is not None:
-        if len(_TABLE) >= _MAX_ENTRIES:  # full: start again (the entries of the models to come matter most)
-            _TABLE.clear()
-        _TABLE[key] = record
+        if len(table) >= _MAX_ENTRIES:  # full: start again (the entries of the models to come matter most)
+            table.clear()
+        table[key] = record
+
+
+def counted(key):
+    """What remember_count remembered for the call `key`: (record or None, FLOPs), or None."""
+    return _COUNTED.get(key)
+
+
+def remember_count(key, flops: int, decomposed=None, args=(), kwargs=None) -> None:
+    """The FLOPs a formula gave for the call `key` (FLOPs read shapes alone); for an op the count decomposed, the
+    FLOPs of its parts and its outputs' metadata too, or nothing where they cannot be answered again."""
+    record = None if decomposed is None else recorded(decomposed, args, kwargs or {})
+    if decomposed is None or record is not None:
+        _remember(_COUNTED, key, (record, flops))
 
 
 def clear() -> None:
     """Forget every remembered op (tests compare analyses with and without it)."""
     _TABLE.clear()
+    _COUNTED.clear()
 
