@@ -19,8 +19,9 @@ and the count of such models is printed. Parameter counts come from a meta build
 Numbers only, no assertions.
 
 Run:  .venv/bin/python bench/index_zoo.py [--jobs 2] [--sample 40] [--seed 0] [--families timm,torchvision]
-          [--max-gb G] [--keep] [--json]
-`--sample 0` skips the plain side.
+          [--max-gb G] [--repeat N] [--keep] [--json]
+`--sample 0` skips the plain side. Wall time on a shared machine varies by a quarter between runs: `--repeat 3`
+reports the median run, and every run's wall and CPU seconds (zoo index and its workers).
 """
 
 import argparse
@@ -63,9 +64,9 @@ def index_family(registry: Path, family: str, jobs: int, log) -> dict:
     log(f"  $ {' '.join(cmd)}")
     env = {**os.environ, "PYTHONWARNINGS": "ignore"}
     env.pop("ZOO_REGISTRY", None)
-    t = time.perf_counter()
+    t, cpu = time.perf_counter(), _children_cpu_s()
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
-    wall = time.perf_counter() - t
+    wall, cpu = time.perf_counter() - t, _children_cpu_s() - cpu
     try:
         out = json.loads(proc.stdout)
     except json.JSONDecodeError:
@@ -77,8 +78,10 @@ def index_family(registry: Path, family: str, jobs: int, log) -> dict:
     parts = {}  # architectures and variants apart (`zoo index installed` does both in one run)
     for name, t in timings.items():
         part = parts.setdefault("variants" if "." in name.partition("/")[2] else "architectures",
-                                {"models": 0, "analysis_reused": 0, "build_s": 0.0, "analysis_s": 0.0, "save_s": 0.0})
+                                {"models": 0, "build_reused": 0, "analysis_reused": 0, "build_s": 0.0, "analysis_s": 0.0,
+                                 "save_s": 0.0})
         part["models"] += 1
+        part["build_reused"] += bool(t.get("build_reused"))
         part["analysis_reused"] += bool(t.get("analysis_reused"))
         for k in ("build_s", "analysis_s", "save_s"):
             part[k] += t.get(k, 0.0)
@@ -87,9 +90,18 @@ def index_family(registry: Path, family: str, jobs: int, log) -> dict:
             "slowest": sorted(((sum(v for k, v in t.items() if k.endswith("_s")), name) for name, t in timings.items()),
                               reverse=True)[:5],
             "analysis_reused": sum(bool(t.get("analysis_reused")) for t in timings.values()),
-            "family": family, "wall_s": wall, "rc": proc.returncode, "models": n, "indexed": out["indexed"],
+            "family": family, "wall_s": wall, "cpu_s": cpu, "rc": proc.returncode, "models": n, "indexed": out["indexed"],
             "unchanged": out["unchanged"], "failed": len(out["failed"]), "failed_names": sorted(out["failed"]),
             "models_per_s": n / wall if wall else 0.0}
+
+
+def _children_cpu_s() -> float:
+    """CPU seconds of the finished child processes (zoo index and its workers): the work, apart from how busy the
+    machine was (wall time on a shared machine varies by a quarter from one run to the next)."""
+    import resource
+
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 def plain_sample(k: int, seed: int, max_gb: float, log) -> dict:
@@ -144,6 +156,8 @@ def main() -> int:
                          "four runs)")
     ap.add_argument("--max-gb", type=float, default=None,
                     help="largest fp32 model to build eagerly, GB (default: a quarter of available memory)")
+    ap.add_argument("--repeat", type=int, default=1,
+                    help="index the zoo this many times, each into a fresh registry; the median run is reported")
     ap.add_argument("--keep", action="store_true", help="keep the temp registry")
     ap.add_argument("--json", action="store_true", help="print the numbers as JSON")
     args = ap.parse_args()
@@ -156,11 +170,18 @@ def main() -> int:
     registry = tmp / "registry.db"
     result = {"jobs": args.jobs, "families": families, "registry": str(registry), "cpus": os.cpu_count()}
     try:
-        log(f"zoo index into fresh {registry} (-j {args.jobs})")
-        result["zoo"] = [index_family(registry, f, args.jobs, log) for f in families]
+        runs = []
+        for i in range(max(1, args.repeat)):
+            run_registry = registry if i == 0 else tmp / f"registry-{i}.db"
+            log(f"zoo index into fresh {run_registry} (-j {args.jobs})")
+            runs.append([index_family(run_registry, f, args.jobs, log) for f in families])
+        totals = [sum(r["wall_s"] for r in run) for run in runs]
+        result["zoo_runs_s"] = totals
+        result["zoo_runs_cpu_s"] = [sum(r["cpu_s"] for r in run) for run in runs]
+        result["zoo"] = runs[sorted(range(len(runs)), key=totals.__getitem__)[len(runs) // 2]]  # the median run
         result["zoo_total_s"] = sum(r["wall_s"] for r in result["zoo"])
         result["zoo_total_models"] = sum(r["models"] for r in result["zoo"])
-        result["registry_bytes"] = sum(p.stat().st_size for p in tmp.iterdir())
+        result["registry_bytes"] = sum(p.stat().st_size for p in tmp.glob("registry.db*"))  # the first run's
         if args.sample > 0:
             log(f"plain: eager timm.create_model with init, {args.sample} sampled models (seed {args.seed}), serial")
             result["plain"] = plain_sample(args.sample, args.seed, max_gb, log)
@@ -197,13 +218,17 @@ def main() -> int:
             print(f"  {r['family']} failed: {', '.join(r['failed_names'][:10])}{' ...' if r['failed'] > 10 else ''}")
     for r in result["zoo"]:
         for part, t in sorted(r["parts"].items()):
-            print(f"  {r['family']} {part}: {t['models']} models, analysis reused {t['analysis_reused']}; summed over "
+            print(f"  {r['family']} {part}: {t['models']} models, build reused {t['build_reused']}, analysis reused "
+                  f"{t['analysis_reused']}; summed over "
                   f"workers: build {t['build_s']:.0f} s, analysis {t['analysis_s']:.0f} s, save {t['save_s']:.0f} s")
         st, med = r["stage_sum_s"], r["stage_median_s"]
         print(f"  {r['family']} per model (summed over workers): " + ", ".join(
             f"{k[:-2]} {st[k]:.0f} s (median {med[k] * 1e3:.0f} ms)" for k in st)
               + "; slowest: " + ", ".join(f"{n} {s:.1f} s" for s, n in r["slowest"][:3]))
     print(f"registry size: {result['registry_bytes'] / 2**20:.1f} MiB")
+    print("runs: " + ", ".join(f"{w:.1f} s wall, {c:.0f} CPU s" for w, c in zip(result["zoo_runs_s"],
+                                                                               result["zoo_runs_cpu_s"]))
+          + (" (the median one above)" if len(result["zoo_runs_s"]) > 1 else ""))
     if "plain" in result:
         p = result["plain"]
         print(f"\nplain: serial eager timm.create_model (init, CPU, {p['torch_threads']} torch threads), "

@@ -17,10 +17,10 @@ PACKAGE = Path(zoo.__file__).resolve().parent
 LAYERS = [
     ["zoo.errors", "zoo.constants", "zoo.columns"],
     ["zoo.query", "zoo.recipe", "zoo.inspection", "zoo.structure", "zoo.model_info"],
-    ["zoo.meta", "zoo.weights"],
+    ["zoo.meta", "zoo.weights", "zoo.construction"],
     ["zoo.families"],
     ["zoo.build", "zoo.templates", "zoo.preprocess"],
-    ["zoo.analysis", "zoo.materialize", "zoo.pretrained"],
+    ["zoo.analysis", "zoo.materialize", "zoo.pretrained", "zoo.record"],
     ["zoo.registry"],
     ["zoo.indexer", "zoo.hub_indexer"],
     ["zoo.api", "zoo.attach"],

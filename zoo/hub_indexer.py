@@ -6,7 +6,8 @@ import json
 
 from zoo.columns import BY_NAME
 from zoo.errors import ModelExists, UntrustedBuilder
-from zoo.indexer import RECORD_VERSION, Outcome, record_of, save
+from zoo.indexer import Outcome, save
+from zoo.record import RECORD_VERSION, record_of
 from zoo.registry import db
 
 

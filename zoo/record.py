@@ -1,0 +1,154 @@
+"""One model's registry row: its meta build, what its family says of it, its tensor table and its analysis.
+
+A variant built right after its architecture takes the architecture's build where its construction is the same
+(zoo.construction), and an analysis is reused where the same module was analysed at the same input, or where a
+module of the same structure was (zoo.structure). zoo.indexer runs this in its workers and saves what it gives.
+"""
+
+import contextlib
+import hashlib
+import json
+import time
+import warnings
+from dataclasses import dataclass, field
+
+from zoo.columns import BY_NAME
+from zoo.errors import reason
+from zoo.families import family
+from zoo.recipe import Recipe
+
+# Bump when what a build records changes: every model is then rebuilt on the next index.
+RECORD_VERSION = 3  # 2: analysis columns (flops, macs, activation bytes, output shapes, scan status); 3: inputs,
+# flops_per_token, LLM fields, hf input specs
+
+
+def source_hash(recipe: Recipe, versions: dict, variant: dict | None = None) -> str:
+    """Identifies everything a build depends on; an unchanged hash means an unchanged row. A variant's
+    published metadata (metrics, source, preprocessing) is part of it: new results re-record it."""
+    key = json.dumps([RECORD_VERSION, recipe.family, recipe.builder, recipe.kwargs, versions]
+                     + ([variant] if variant else []), sort_keys=True)
+    return hashlib.sha256(key.encode()).hexdigest()
+
+
+def record_of(name: str, recipe: Recipe, trusted: set[str] | None = None, variant: dict | None = None,
+              inputs: list | None = None, known: dict | None = None) -> tuple[dict, list | None]:
+    """Build one model on meta and describe it: the registry row and its tensor table.
+    A build that fails gives a row with status "error" and the reason, never an exception.
+    variant: a pretrained variant's published columns (a family's variants()); they are recorded even
+    when the build fails, and its analysis runs at the weights' own input size. `inputs`: a user
+    model's input spec (zoo.analysis.inputs.parse_inputs), for a family that documents none. `known`:
+    structure digest -> analysis columns already recorded; a build with a known digest reuses its analysis,
+    and a new one is added to it (zoo.structure)."""
+    record, table, _ = record_with_build(name, recipe, trusted, variant, inputs, known)
+    return record, table
+
+
+@dataclass
+class _Built:
+    """A meta build: the module, its tensor summary, the files its constructor read, the description of the
+    construction that made it (zoo.construction; None where the builder returns another module or it has none), and
+    its analyses so far: input spec (JSON) -> (structure digest, analysis columns)."""
+    module: object
+    summary: object
+    files: list
+    construction: str | None = None
+    analysed: dict = field(default_factory=dict)
+
+
+def _build(recipe: Recipe, trusted, fam, arch: _Built | None) -> tuple[_Built, bool]:
+    """The build of `recipe`, and whether it is its architecture's: a variant whose construction equals `arch`'s
+    stops there and takes arch's module (a family whose construction decides its module, zoo.construction)."""
+    from zoo.build import build_meta
+    from zoo.construction import SameConstruction, watch
+    from zoo.inspection import inspect_module
+
+    files_read = []
+    watching = getattr(fam, "CONSTRUCTION_DECIDES", False)
+    stop_at = arch.construction if arch is not None else None
+    with warnings.catch_warnings():  # builders' deprecation chatter would bury the progress bar
+        warnings.simplefilter("ignore")
+        try:
+            with watch(stop_at) if watching else contextlib.nullcontext() as seen:
+                module = build_meta(recipe, trusted, files_read=files_read)
+        except SameConstruction:
+            return arch, True
+    made_it = seen is not None and seen.first is module
+    return _Built(module, inspect_module(module), sorted(set(files_read)), seen.call if made_it else None), False
+
+
+def record_with_build(name, recipe, trusted=None, variant=None, inputs=None, known=None, arch=None):
+    """record_of, with the build it made (None if it failed); `arch`: the build of a variant's architecture, made
+    just before in this process (the build is passed on to the next variant)."""
+    fam = family(recipe.family)
+    versions = fam.versions()
+    base = dict(name=name, family=recipe.family, builder=recipe.builder, kwargs=recipe.kwargs_json(),
+                versions=json.dumps(versions, sort_keys=True), source_hash=source_hash(recipe, versions, variant),
+                **_variant_columns(variant))
+    started = time.perf_counter()
+    try:
+        built, same = _build(recipe, trusted, fam, arch)
+        module, summary = built.module, built.summary
+        described = fam.describe(recipe.builder, module, **({"tag": variant["tag"]} if variant else {}))
+        llm = {}
+        if recipe.family == "hf":  # language-model fields from the built module and its config
+            from zoo.analysis.llm import llm_fields
+
+            llm = llm_fields(module, module.config)
+    except Exception as e:  # recorded, not raised: one broken model must not stop an index run
+        return {**base, "status": "error", "error": reason(e.__cause__ or e),
+                "timing": {"build_s": round(time.perf_counter() - started, 4)}}, None, None
+    built_at = time.perf_counter()
+    spec = described.get("input")
+    if spec is None and inputs:
+        from zoo.analysis.inputs import spec_of_inputs
+
+        spec = spec_of_inputs(inputs)
+    at = json.dumps(spec, sort_keys=True)
+    analysed = built.analysed.get(at)
+    if analysed:  # this very module at this input (a variant's construction equal to its architecture's)
+        digest, analysis, reused = *analysed, True
+    else:
+        from zoo.structure import structure_digest
+
+        # the analysis also depends on the libraries and on zoo's analysis code: both are part of the key
+        digest = structure_digest(module, (spec, base["versions"], RECORD_VERSION))
+        reused = known is not None and digest in known
+        analysis = dict(known[digest]) if reused else _analyze(module, spec)
+        if analysis.get("scan_status") == "ok":  # a timeout or an error is not passed on
+            built.analysed[at] = digest, analysis
+            if known is not None and digest is not None:
+                known[digest] = analysis
+    cls = type(module)
+    return {
+        # seconds per stage, for `zoo index --json` (not a column: write_model takes only COLUMNS)
+        "timing": {"build_s": round(built_at - started, 4), "build_reused": same,
+                   "analysis_s": round(time.perf_counter() - built_at, 4), "analysis_reused": reused},
+        "structure_digest": digest,
+        **base, "status": "ok", "error": None, "arch": f"{cls.__module__}.{cls.__qualname__}",
+        "constructor_files": built.files,  # recorded as weights tags, not a column
+        "task": base.get("task") or described["task"],
+        "input_size": BY_NAME["input_size"].encode(described["input_size"] or None),
+        "dtype": summary.dtype, "params": summary.params, "trainable": summary.trainable,
+        "buffers": summary.buffers, "tensors": summary.tensors, "param_bytes": summary.param_bytes,
+        "buffer_bytes": summary.buffer_bytes, "bytes": summary.bytes, **analysis, **llm,
+    }, summary.tensor_table, built
+
+
+_VARIANT_KEYS = ("builder", "kwargs")  # a variant's recipe, not columns
+
+
+def _variant_columns(variant: dict | None) -> dict:
+    """A variant's published fields as the registry stores them (JSON columns encoded)."""
+    if not variant:
+        return {}
+    return {k: BY_NAME[k].encode(v) for k, v in variant.items() if k not in _VARIANT_KEYS}
+
+
+def _analyze(module, spec) -> dict:
+    """FLOPs, activation bytes and output shapes from forwards of the same meta module (zoo.analysis);
+    a forward that cannot run on meta is recorded with its reason, and the model still indexes."""
+    from zoo.analysis import analyze
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return analyze(module, spec).columns()
