@@ -4,11 +4,10 @@ is known to be that module without a build of its own; these tests hold the clai
 import threading
 from collections import defaultdict
 
-import pytest
 from torch import nn
 
 from zoo.build import build_meta
-from zoo.construction import SameConstruction, watch
+from zoo.construction import watch
 from zoo.recipe import Recipe
 from zoo.structure import structure_digest
 
@@ -30,10 +29,14 @@ def test_watch_notes_the_outermost_construction_with_every_argument_and_stops_at
         with watch() as different:
             Net(*changed[:2], **({"head": changed[2]} if len(changed) > 2 else {"head": "x"}))
         assert different.call != seen.call
-    with pytest.raises(SameConstruction), watch(stop_at=seen.call):
-        Net(8, head="x")
-    with watch(stop_at=seen.call):
-        assert isinstance(Net(8, head="z"), Net)  # not equal: built as usual
+    made = []
+    with watch(stop_at=seen.call) as stopped:
+        made.append(Net(8, head="x"))
+        made.append("after")  # never reached: the block ends at the construction
+    assert stopped.stopped and made == []
+    with watch(stop_at=seen.call) as other:
+        made.append(Net(8, head="z"))  # not equal: built as usual
+    assert not other.stopped and isinstance(made[0], Net)
 
 
 def test_an_argument_without_a_stable_description_matches_nothing():
@@ -89,12 +92,9 @@ def test_a_timm_variant_stops_at_its_architectures_construction_exactly_when_it_
             continue
         digest = structure_digest(module, None)
         for full in tags[:2] + [t for t in tags[2:] if t in TAG_CHANGES]:
-            try:
-                with watch(stop_at=seen.call):
-                    build_meta(Recipe("timm", full))
-                same = False
-            except SameConstruction:
-                same = True
+            with watch(stop_at=seen.call) as variant:
+                build_meta(Recipe("timm", full))
+            same = variant.stopped
             full_build = build_meta(Recipe("timm", full))
             assert same == (structure_digest(full_build, None) == digest), full
             if full in TAG_CHANGES:

@@ -17,9 +17,9 @@ from torch import nn
 from zoo.structure import stable_description
 
 
-class SameConstruction(BaseException):
-    """The build reached a construction equal to the one it was told to stop at. A BaseException, not an Exception:
-    a model's own `except Exception` must not swallow it."""
+class _Stop(BaseException):
+    """Unwinds a build from the construction `watch` stops at; `watch` itself catches it, so it never leaves this
+    module. A BaseException, not an Exception: a model's own `except Exception` must not swallow it."""
 
 
 _VARARGS, _VARKW = inspect.CO_VARARGS, inspect.CO_VARKEYWORDS
@@ -27,18 +27,20 @@ _VARARGS, _VARKW = inspect.CO_VARARGS, inspect.CO_VARKEYWORDS
 
 class Construction:
     """What `watch` saw: `call`, the description of the first construction (None where an argument has no stable
-    description), and `first`, the module that construction made (the one a builder returns, if it wraps nothing)."""
+    description), `first`, the module that construction made (the one a builder returns, if it wraps nothing), and
+    whether the build was `stopped` there."""
 
     def __init__(self):
         self.call: str | None = None
         self.first = None
+        self.stopped = False
 
 
 @contextlib.contextmanager
 def watch(stop_at: str | None = None):
     """Note the first nn.Module construction in this thread while the block runs (the first ``__init__`` called on a
-    module, read at its call, before its body has changed anything); raise SameConstruction there when its
-    description equals `stop_at`. A profile hook does the watching and removes itself at that call, so the
+    module, read at its call, before its body has changed anything); when its description equals `stop_at`, stop
+    the block there (it ends at once, `stopped` set, the module never built). A profile hook does the watching and removes itself at that call, so the
     construction itself runs at full speed; under another profiler (cProfile) nothing is watched."""
     seen = Construction()
     if sys.getprofile() is not None:
@@ -61,10 +63,12 @@ def watch(stop_at: str | None = None):
             return
         seen.first = instance
         if seen.call == stop_at:
-            raise SameConstruction
+            raise _Stop
 
     sys.setprofile(profile)
     try:
         yield seen
+    except _Stop:
+        seen.stopped = True
     finally:
         sys.setprofile(None)

@@ -59,7 +59,7 @@ def _build(recipe: Recipe, trusted, fam, arch: _Built | None) -> tuple[_Built, b
     """The build of `recipe`, and whether it is its architecture's: a variant whose construction equals `arch`'s
     stops there and takes arch's module (a family whose construction decides its module, zoo.construction)."""
     from zoo.build import build_meta
-    from zoo.construction import SameConstruction, watch
+    from zoo.construction import watch
     from zoo.inspection import inspect_module
 
     files_read = []
@@ -67,11 +67,10 @@ def _build(recipe: Recipe, trusted, fam, arch: _Built | None) -> tuple[_Built, b
     stop_at = arch.construction if arch is not None else None
     with warnings.catch_warnings():  # builders' deprecation chatter would bury the progress bar
         warnings.simplefilter("ignore")
-        try:
-            with watch(stop_at) if watching else contextlib.nullcontext() as seen:
-                module = build_meta(recipe, trusted, files_read=files_read)
-        except SameConstruction:
-            return arch, True
+        with watch(stop_at) if watching else contextlib.nullcontext() as seen:
+            module = build_meta(recipe, trusted, files_read=files_read)
+    if seen is not None and seen.stopped:
+        return arch, True
     made_it = seen is not None and seen.first is module
     return _Built(module, inspect_module(module), sorted(set(files_read)), seen.call if made_it else None), False
 
