@@ -40,8 +40,9 @@ class Construction:
 def watch(stop_at: str | None = None):
     """Note the first nn.Module construction in this thread while the block runs (the first ``__init__`` called on a
     module, read at its call, before its body has changed anything); when its description equals `stop_at`, stop
-    the block there (it ends at once, `stopped` set, the module never built). A profile hook does the watching and removes itself at that call, so the
-    construction itself runs at full speed; under another profiler (cProfile) nothing is watched."""
+    the block there (it ends at once, `stopped` set, the module never built). A profile hook does the watching and
+    removes itself at that call, so the construction itself runs at full speed; under another profiler (cProfile)
+    nothing is watched."""
     seen = Construction()
     if sys.getprofile() is not None:
         yield seen
