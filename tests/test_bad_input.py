@@ -410,6 +410,9 @@ def test_17_a_constructor_that_loads_its_shipped_weights_builds_and_loads_them(t
     torch.save({"weight": torch.zeros(2, 4), "bias": torch.zeros(2)}, path)  # the shipped file changes
     with pytest.raises(CheckpointError, match="sha256"):
         registry.get("user/shipped").materialize(weights="constructor")
+    # re-indexed with a constructor that loads nothing: its old "constructor" tag goes, the row stays
+    assert registry.index_builder("tests.builders:shipped_weights_net", "shipped", {"path": ""})["status"] == "ok"
+    assert registry.info("user/shipped").weights == []
 
 
 # --- 18. a user builder in the current directory ---------------------------------------------------------

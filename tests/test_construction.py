@@ -46,6 +46,23 @@ def test_an_argument_without_a_stable_description_matches_nothing():
     assert seen.call is None and seen.first is None
 
 
+def test_a_config_dataclass_is_described_by_its_class_and_fields():
+    """timm's ByoModelCfg, MaxxVitCfg and their kind reach a constructor as dataclasses: equal fields, equal calls."""
+    from dataclasses import dataclass
+
+    @dataclass
+    class Cfg:
+        depths: tuple = (2, 2)
+        act: str = "relu"
+
+    calls = []
+    for cfg in (Cfg(), Cfg(), Cfg(depths=(2, 3)), Cfg(act="gelu")):
+        with watch() as seen:
+            Net(8, cfg=cfg)
+        calls.append(seen.call)
+    assert calls[0] == calls[1] is not None and len(set(calls)) == 3
+
+
 def test_another_threads_construction_is_neither_noted_nor_stopped():
     with watch() as reference:
         Net(4)

@@ -115,11 +115,11 @@ class _FlopCount:
         formula = None if decomposes else self.registry.get(func._overloadpacket)
         # a repeat is answered from the kernel cache's table: the same FLOPs, the same outputs' metadata
         key = kernel_cache.key_of(func, args, kwargs) if (decomposes or formula) and kernel_cache.enabled() else None
-        known = kernel_cache.counted(key) if key is not None else None
+        remembered = kernel_cache.counted(key) if key is not None else None
         if decomposes:
-            if known is not None and known[0] is not None:
-                self.total += known[1]
-                return kernel_cache.rebuilt(known[0])
+            if remembered is not None and remembered[0] is not None:
+                self.total += remembered[1]
+                return kernel_cache.rebuilt(remembered[0])
             before = self.total
             with _Decomposed(self):
                 out = func.decompose(*args, **kwargs)
@@ -130,8 +130,8 @@ class _FlopCount:
             formula = self.registry.get(func._overloadpacket)
         out = func(*args, **kwargs)
         if formula is not None:
-            flops = known[1] if known is not None else formula(*args, **kwargs, out_val=out)
-            if key is not None and known is None:
+            flops = remembered[1] if remembered is not None else formula(*args, **kwargs, out_val=out)
+            if key is not None and remembered is None:
                 kernel_cache.remember_count(key, flops)
             self.total += flops
         return out

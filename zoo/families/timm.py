@@ -35,7 +35,7 @@ _TAGS = None
 # timm constructs a model's class once (build_model_with_cfg), with the arguments its tag resolves to (num_classes,
 # in_chans, img_size, ...); what it does to the model afterwards (features_only, pruned) reads the architecture, never
 # the tag (timm 1.0.31). So a variant whose construction equals its architecture's is that module (zoo.construction);
-# tests/test_construction.py checks a variant of every timm module against its own full build.
+# tests/test_construction.py checks two tags of every timm module against their own full builds.
 CONSTRUCTION_DECIDES = True
 
 
