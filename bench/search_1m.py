@@ -20,6 +20,10 @@ given a limit):
   range/-flops     params range, order_by="-flops"                     extra: sort by another, independent field
   range/-bytes     params range, order_by="-bytes"                     extra: sort by a field that runs with params
   glob-prefix*     name~'hf/model_00001*'                              extra
+  family           family=timm (a quarter of the table, by name)       extra
+  glob-dense       name~'*model_0*' (every name matches)               extra
+  range/+params    flops<1e9, order_by="params" (43% match)             extra: ascending sort by another field
+  glob-family*     name~'timm/*' (a quarter, contiguous in name order)  extra
 
 p50 and p99 over --runs runs (default 100) after 3 warm-ups each; the rows of both backends are compared.
 Target: p50 < 20 ms and p99 < 100 ms for range/params, range/name and glob on both backends. Numbers only.
@@ -52,6 +56,10 @@ QUERIES = [  # (key, expression, order_by)
     ("range/-flops", "params>1e9 and params<2e9", "-flops"),
     ("range/-bytes", "params>1e9 and params<2e9", "-bytes"),
     ("glob-prefix*", "name~'hf/model_00001*'", None),
+    ("family", "family=timm", None),
+    ("glob-dense", "name~'*model_0*'", None),
+    ("range/+params", "flops<1e9", "params"),
+    ("glob-family*", "name~'timm/*'", None),
 ]
 FAMILIES = ["hf", "timm", "user", "torchvision"]
 FAMILY_P = [0.55, 0.25, 0.15, 0.05]

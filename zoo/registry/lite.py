@@ -21,7 +21,10 @@ _OPS = {"<": "<", "<=": "<=", ">": ">", ">=": ">=", "=": "=", "!=": "!="}
 # A search that matches at least this share of the rows finds its first `limit` rows soonest by reading them
 # in the sort order; a sparser one by reading its matches through the filter's index and sorting them.
 _DENSE_SCAN = 5000  # rows an in-order scan may read to find `limit` matches
-_SCAN_BUDGET = 200_000  # SQLite VM steps for that scan (some tens of ms); then the other plan
+_SCAN_BUDGET = 200_000  # SQLite VM steps for that scan or the probe before it (about 10 ms); then the other plan
+# A name glob's trigram pre-filter with more rows than this is left out of the in-order scan: SQLite reads the
+# whole pre-filter (`id IN (...)`) before the first row, 4 s for `*model*` at a million models.
+_FEW_CANDIDATES = 2000
 _COLUMNS = ", ".join(f"models.{c.name}" for c in PUBLIC)
 
 
@@ -49,17 +52,18 @@ def like_pattern(glob: str) -> str:
     return "".join(table.get(c, c) for c in glob)
 
 
-def _compile(e: Expr, negate: bool, depth: int, seen: list[int], params: list) -> str:
-    """SQL text and bound values; the same clauses, in the same order, as zoo.registry.sql._compile."""
+def _compile(e: Expr, negate: bool, depth: int, seen: list[int], params: list, prefilter) -> str:
+    """SQL text and bound values; the same clauses, in the same order, as zoo.registry.sql._compile (a name
+    glob's trigram pre-filter only where prefilter(pattern) says so: it never changes which rows match)."""
     from zoo.errors import SearchSyntaxError
 
     if depth > MAX_DEPTH + 1:
         raise SearchSyntaxError(f"search nested too deeply: at most {MAX_DEPTH} levels")
     if isinstance(e, Not):
-        return _compile(e.item, not negate, depth + 1, seen, params)
+        return _compile(e.item, not negate, depth + 1, seen, params, prefilter)
     if isinstance(e, (And, Or)):
         join = " AND " if isinstance(e, And) != negate else " OR "
-        return "(" + join.join(_compile(i, negate, depth + 1, seen, params) for i in e.items) + ")"
+        return "(" + join.join(_compile(i, negate, depth + 1, seen, params, prefilter) for i in e.items) + ")"
     if not isinstance(e, Compare):
         raise TypeError(f"not a search expression: {e!r}")
     seen[0] += 1
@@ -73,7 +77,7 @@ def _compile(e: Expr, negate: bool, depth: int, seen: list[int], params: list) -
         if e.field == "name" and not value.startswith("*"):
             cond = f"({cond} OR lower(models.short) LIKE lower(?) ESCAPE '\\')"
             values.append(like_pattern(value))
-        if e.field == "name" and (pattern := trigram_pattern(value)) is not None:
+        if e.field == "name" and (pattern := trigram_pattern(value)) is not None and prefilter(pattern):
             cond = f"(models.id IN (SELECT rowid FROM models_fts WHERE models_fts.name LIKE ?) AND {cond})"
             values.insert(0, pattern)
         params.extend(values)
@@ -85,10 +89,11 @@ def _compile(e: Expr, negate: bool, depth: int, seen: list[int], params: list) -
     return f"NOT ({cond})" if negate else cond
 
 
-def compile_where(expr: str | Expr) -> tuple[str, list]:
-    """A WHERE clause (text with ? placeholders) and its values."""
+def compile_where(expr: str | Expr, prefilter=lambda pattern: True) -> tuple[str, list]:
+    """A WHERE clause (text with ? placeholders) and its values; prefilter(pattern): whether a name glob
+    gets its trigram pre-filter (all do unless told)."""
     params: list = []
-    sql = _compile(parse(expr) if isinstance(expr, str) else expr, False, 0, [0], params)
+    sql = _compile(parse(expr) if isinstance(expr, str) else expr, False, 0, [0], params, prefilter)
     return sql, params
 
 
@@ -115,41 +120,72 @@ def _connect(path: str) -> sqlite3.Connection | None:
     return con
 
 
-def _ordered_index(con, field: str, descending: bool) -> str | None:
-    """An index that reads rows in the sort order, rows without a value last: name's, or a numeric field's
-    read backwards (SQLite puts NULL first, so an ascending NULLS LAST cannot be read from an index)."""
-    if field != "name" and not descending:
-        return None
+def _ordered_index(con, field: str) -> str | None:
+    """The index on just the sort field (name's, or a numeric field's), which reads rows in the sort order."""
     for row in con.execute("PRAGMA index_list(models)"):
         if [c[2] for c in con.execute(f"PRAGMA index_info('{row[1]}')")] == [field]:
             return row[1]
     return None
 
 
-def _plan(con, where: str, params: list, order: str, field: str, descending: bool, limit: int) -> list:
+def _plan(con, expression, order: str, field: str, descending: bool, limit: int) -> list:
     """The first `limit` matches. SQLite's planner reads a range through the filter's index and sorts every
     match, whole rows: 40,000 matches cost 250 ms at a million models. Probe how many match (up to a cap)
     through that index; many -> read rows in the sort order (INDEXED BY its index) until `limit` have matched,
     within a budget (a sort order that runs against the filter, say bytes for a params range, would read most
-    of the table); few, or over budget -> sort just the ids of the matches and read those `limit` rows."""
+    of the table); few, or over budget -> sort just the ids of the matches and read those `limit` rows.
+    A name glob whose trigram pre-filter has many rows goes straight to the in-order scan, without the
+    pre-filter; so does a search the probe cannot count within its budget (no index serves it: `*99`)."""
+    where, params = compile_where(expression)
+    first = f"SELECT models.id FROM models WHERE {where} ORDER BY {order} LIMIT ?"
     rows = con.execute("SELECT max(id) FROM models").fetchone()[0] or 0
     cap = max(limit, 1) * rows // _DENSE_SCAN
-    index = _ordered_index(con, field, descending)
-    if index is not None and limit and cap < rows:
-        found = con.execute(f"SELECT count(*) FROM (SELECT 1 FROM models WHERE {where} LIMIT ?)",
-                            [*params, cap]).fetchone()[0]
-        if found >= cap:
-            con.set_progress_handler(lambda: 1, _SCAN_BUDGET)  # SQLite stops the statement after that many steps
-            try:
-                return con.execute(f"SELECT {_COLUMNS} FROM models INDEXED BY {index} WHERE {where} "
-                                   f"ORDER BY {order} LIMIT ?", [*params, limit]).fetchall()
-            except sqlite3.OperationalError as e:
-                if "interrupted" not in str(e):
-                    raise
-            finally:
-                con.set_progress_handler(None, 0)
-    return con.execute(f"SELECT {_COLUMNS} FROM models WHERE models.id IN (SELECT models.id FROM models WHERE "
-                       f"{where} ORDER BY {order} LIMIT ?) ORDER BY {order}", [*params, limit]).fetchall()
+    index = _ordered_index(con, field)
+    if index is not None and limit and cap < rows and not _seeks_in_order(con, first, [*params, limit]):
+        few = min(cap, _FEW_CANDIDATES)
+        sparse = {}  # pattern -> whether its pre-filter has at most `few` rows (FTS5 streams them: ms)
+
+        def prefilter(pattern: str) -> bool:
+            if pattern not in sparse:
+                sql = "SELECT count(*) FROM (SELECT rowid FROM models_fts WHERE models_fts.name LIKE ? LIMIT ?)"
+                sparse[pattern] = con.execute(sql, [pattern, few + 1]).fetchone()[0] <= few
+            return sparse[pattern]
+
+        scan_where, scan_params = compile_where(expression, prefilter)
+        # SQLite puts NULL first: read backwards, an index gives the rows without a value last (as the search
+        # orders them); read forwards, it gives those with a value, and the others come after
+        nulls_left_out = field != "name" and not descending
+        if nulls_left_out:
+            scan_where = f"models.{field} IS NOT NULL AND {scan_where}"
+        found = None if scan_params != params else _within_budget(
+            con, f"SELECT count(*) FROM (SELECT 1 FROM models WHERE {where} LIMIT ?)", [*params, cap])
+        if found is None or found[0][0] >= cap:
+            ordered = _within_budget(con, f"SELECT {_COLUMNS} FROM models INDEXED BY {index} WHERE {scan_where} "
+                                          f"ORDER BY {order} LIMIT ?", [*scan_params, limit])
+            if ordered is not None and (len(ordered) == limit or not nulls_left_out):
+                return ordered
+    return con.execute(f"SELECT {_COLUMNS} FROM models WHERE models.id IN ({first}) ORDER BY {order}",
+                       [*params, limit]).fetchall()
+
+
+def _seeks_in_order(con, sql: str, params: list) -> bool:
+    """Whether SQLite's own plan seeks the matches in the sort order (family=timm through (family, name)):
+    every step a SEARCH, and no sort."""
+    steps = [row[3] for row in con.execute("EXPLAIN QUERY PLAN " + sql, params)]
+    return all(step.startswith("SEARCH") and "TEMP B-TREE" not in step for step in steps)
+
+
+def _within_budget(con, sql: str, params: list) -> list | None:
+    """The statement's rows, or None if it runs past _SCAN_BUDGET VM steps (SQLite stops it there)."""
+    con.set_progress_handler(lambda: 1, _SCAN_BUDGET)
+    try:
+        return con.execute(sql, params).fetchall()
+    except sqlite3.OperationalError as e:
+        if "interrupted" not in str(e):
+            raise
+        return None
+    finally:
+        con.set_progress_handler(None, 0)
 
 
 def _decoder(column):
@@ -168,14 +204,16 @@ def search(url: str, expression, order_by: str | None = None, limit: int | None 
     if path is None or (fields is not None and any(f not in BY_NAME or not BY_NAME[f].public for f in fields)):
         return None
     has_where = expression is not None and not (isinstance(expression, str) and not expression.strip())
-    where, params = compile_where(expression) if has_where else ("1 = 1", [])  # syntax errors before any I/O
+    if has_where:
+        expression = parse(expression) if isinstance(expression, str) else expression  # syntax errors before I/O
+    where, params = compile_where(expression) if has_where else ("1 = 1", [])
     order, field, descending = order_sql(order_by)
     con = _connect(path)
     if con is None:
         return None
     try:
         if limit is not None and has_where:
-            rows = _plan(con, where, params, order, field, descending, limit)
+            rows = _plan(con, expression, order, field, descending, limit)
         else:
             sql = f"SELECT {_COLUMNS} FROM models WHERE {where} ORDER BY {order}"
             rows = con.execute(*((sql + " LIMIT ?", [*params, limit]) if limit is not None else (sql, params)))

@@ -35,10 +35,12 @@ models = Table(
 # Ranges read in name order (the default sort) without touching the table; migration 0005.
 for _columns in (("params", "name"), ("bytes", "name"), ("flops", "name"), ("family", "params", "name")):
     Index(f"ix_models_{'_'.join(_columns)}", *(models.c[c] for c in _columns))
-# What migration 0005 creates per backend and the ORM cannot declare: SQLite's FTS5 trigram table over names
-# (its shadow tables models_fts_*, and the triggers that keep it in step), PostgreSQL's bytewise name index and
-# pg_trgm GIN indexes on name and short. The schema comparison with this metadata leaves out names starting with these.
-SEARCH_ACCELERATORS = ("models_fts", "ix_models_name_bytewise", "ix_models_name_trgm", "ix_models_short_trgm")
+# What migrations 0005 and 0007 create per backend and the ORM cannot declare: SQLite's FTS5 trigram table over
+# names (its shadow tables models_fts_*, and the triggers that keep it in step), PostgreSQL's bytewise name index
+# and pg_trgm GIN indexes on name and short, and the (family, name) index, bytewise on PostgreSQL. The schema
+# comparison with this metadata leaves out names starting with these.
+SEARCH_ACCELERATORS = ("models_fts", "ix_models_name_bytewise", "ix_models_name_trgm", "ix_models_short_trgm",
+                       "ix_models_family_name_bytewise")
 
 
 def compared(name, kind, parent) -> bool:
