@@ -182,10 +182,11 @@ def search(session: Session, expression, order_by: str | None = None, limit: int
         where = compile_search(expression)
     by_name = bytewise(Model.name)  # the same order on every backend (see bytewise)
     order = (sort_clause(order_by), by_name) if order_by else (by_name,)
-    if limit is not None and where is not None and not _postgresql(session):
+    if limit is not None and where is not None:
         # SQLite sorts whole rows: 40,000 matches of a range, sorted by name for the first 100, cost 250 ms at
-        # a million models. Sorting just the ids, from an index that covers the range and the name (0005),
-        # and reading the rows of the first `limit` after, costs a few ms. PostgreSQL plans this itself.
+        # a million models. Sorting just the ids, from an index that covers the range and the sort (0005,
+        # 0007), and reading the rows of the first `limit` after, costs a few ms; on PostgreSQL too, where
+        # the ids of a range sorted by another number come from an index-only scan (108 -> 20 ms).
         ids = select(Model.id).where(where).order_by(*order).limit(limit)
         query = query.where(Model.id.in_(ids.scalar_subquery())).order_by(*order)
     else:

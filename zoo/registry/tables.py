@@ -32,9 +32,12 @@ models = Table(
              default=c.default)
       for c in COLUMNS),
 )
-# Ranges read in name order (the default sort) without touching the table; migration 0005.
+# Ranges sorted by name or by another number without touching the table: migrations 0005 and 0007 (which
+# made the first three carry the numbers a search sorts by, and on PostgreSQL the id).
 for _columns in (("params", "name"), ("bytes", "name"), ("flops", "name"), ("family", "params", "name")):
-    Index(f"ix_models_{'_'.join(_columns)}", *(models.c[c] for c in _columns))
+    _carried = [c for c in ("params", "bytes", "flops", "top1") if c not in _columns] if len(_columns) == 2 else []
+    Index(f"ix_models_{'_'.join(_columns)}", *(models.c[c] for c in (*_columns, *_carried)),
+          **({"postgresql_include": ["id"]} if _carried else {}))
 # What migrations 0005 and 0007 create per backend and the ORM cannot declare: SQLite's FTS5 trigram table over
 # names (its shadow tables models_fts_*, and the triggers that keep it in step), PostgreSQL's bytewise name index
 # and pg_trgm GIN indexes on name and short, and the (family, name) index, bytewise on PostgreSQL. The schema
