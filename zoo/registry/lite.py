@@ -2,7 +2,8 @@
 
 `zoo search` in a fresh process spent about 0.4 s importing SQLAlchemy for a query that takes a millisecond.
 This module compiles the same search to the same SQL that zoo.registry.sql gives on SQLite (the property
-tests in tests/test_search.py check both against one reference) and plans it for a million rows. Anything
+tests in tests/test_search.py check both against one reference) and plans it for a million rows (see _plan:
+an in-order scan may leave out a name glob's trigram pre-filter, which never changes the rows). Anything
 it does not handle (a server URL, URL options, a registry at another schema revision, a file that cannot be
 opened) returns None, and the caller takes the SQLAlchemy path, which gives the proper error.
 """
