@@ -2,12 +2,12 @@
 number read from its index alone.
 
 - (family, name), bytewise on every backend: `family=timm` (the default sort by name, limit 100) seeks its
-  first rows instead of sorting the family's 250,000 (SQLite 30-63 ms, PostgreSQL 175-450 ms; then 4 and
-  8-11 ms).
+  first rows instead of sorting the family's 250,000 at a million models (SQLite 30-63 ms, PostgreSQL
+  175-450 ms; with it 3.5 and 6.1 ms, bench/search_1m.py).
 - The range indexes of 0005, (params, name), (bytes, name) and (flops, name), carry the other numbers a
   search sorts by (params, bytes, flops, top1; PostgreSQL also the id): `params>1e9 and params<2e9` sorted
   by -flops reads the 43,000 matches' sort keys from the index instead of 28,000 table pages
-  (PostgreSQL 108 -> about 20 ms).
+  (PostgreSQL 108 -> 21 ms).
 
 Revision ID: 0007
 Revises: 0006
