@@ -129,15 +129,16 @@ def _ordered_index(con, field: str) -> str | None:
     return None
 
 
-def _plan(con, expression, order: str, field: str, descending: bool, limit: int) -> list:
+def _plan(con, expression: Expr, where: str, params: list, order: str, field: str, descending: bool,
+          limit: int) -> list:
     """The first `limit` matches. SQLite's planner reads a range through the filter's index and sorts every
     match, whole rows: 40,000 matches cost 250 ms at a million models. Probe how many match (up to a cap)
     through that index; many -> read rows in the sort order (INDEXED BY its index) until `limit` have matched,
     within a budget (a sort order that runs against the filter, say bytes for a params range, would read most
     of the table); few, or over budget -> sort just the ids of the matches and read those `limit` rows.
     A name glob whose trigram pre-filter has many rows goes straight to the in-order scan, without the
-    pre-filter; so does a search the probe cannot count within its budget (no index serves it: `*99`)."""
-    where, params = compile_where(expression)
+    pre-filter; so does a search the probe cannot count within its budget (no index serves it: `*99`).
+    where, params: compile_where(expression), every pre-filter in."""
     first = f"SELECT models.id FROM models WHERE {where} ORDER BY {order} LIMIT ?"
     rows = con.execute("SELECT max(id) FROM models").fetchone()[0] or 0
     cap = max(limit, 1) * rows // _DENSE_SCAN
@@ -214,7 +215,7 @@ def search(url: str, expression, order_by: str | None = None, limit: int | None 
         return None
     try:
         if limit is not None and has_where:
-            rows = _plan(con, expression, order, field, descending, limit)
+            rows = _plan(con, expression, where, params, order, field, descending, limit)
         else:
             sql = f"SELECT {_COLUMNS} FROM models WHERE {where} ORDER BY {order}"
             rows = con.execute(*((sql + " LIMIT ?", [*params, limit]) if limit is not None else (sql, params)))
