@@ -358,12 +358,12 @@ class FailsAfter(SafetensorsSource):
         super().__init__(files)
         self.left, self.done, self.lock = n, 0, threading.Lock()
 
-    def read_into(self, name, dest, rows=None) -> None:
+    def read_into(self, name, dest, box=None) -> None:
         with self.lock:
             self.left -= 1
             if self.left < 0:
                 raise CheckpointError(f"{name}: the disk went away")
-        super().read_into(name, dest, rows)
+        super().read_into(name, dest, box)
         with self.lock:
             self.done += 1
 

@@ -158,7 +158,8 @@ def test_float_non_persistent_buffers_are_cast_only_if_asked(zoo_at, tmp_path):
 
 
 def _still_meta(m) -> bool:
-    return all(t.is_meta for t in [*m.parameters(), *m.buffers()])
+    """Read without listing parameters(): on a lazy module that is a use, and loads."""
+    return all(t is None or t.is_meta for mod in m.modules() for t in [*mod._parameters.values(), *mod._buffers.values()])
 
 
 def test_strict_errors_name_the_keys_and_change_nothing(zoo_at):
@@ -336,11 +337,19 @@ def test_a_pickled_module_loads_a_file_after_its_registry_is_gone(tmp_path):
     assert_same_model(pickle.loads(frozen).materialize(weights=path), eager, "user/tied")
 
 
-def test_dtype_without_a_device_or_weights_is_refused_not_dropped(zoo_at):
-    with pytest.raises(zoo.InvalidArgument, match="dtype applies when the model is materialized"):
-        zoo_at.get("timm/resnet18", dtype=torch.bfloat16)
-    m = zoo_at.get("timm/resnet18", device="cpu", dtype=torch.bfloat16)
-    assert m.fc.weight.dtype == torch.bfloat16 and m.bn1.num_batches_tracked.dtype == torch.int64
+@pytest.mark.parametrize("name", ["timm/resnet18", "timm/swin_tiny_patch4_window7_224"])
+def test_dtype_alone_gives_the_meta_module_in_that_dtype_as_timm_builds_it(zoo_at, tmp_path, name):
+    import timm
+
+    m = zoo_at.get(name, dtype=torch.bfloat16)
+    want = timm.create_model(name.removeprefix("timm/"), dtype=torch.bfloat16, device="meta")
+    got = {n: (t.dtype, t.is_meta) for n, t in [*m.named_parameters(), *m.named_buffers()]}
+    assert got == {n: (t.dtype, True) for n, t in [*want.named_parameters(), *want.named_buffers()]}
+    eager = eager_model(name)
+    m.materialize(weights=save(tmp_path, eager))  # an fp32 file into the bf16 module: cast on the way in
+    assert all(torch.equal(t, eager.state_dict()[k].to(t.dtype)) for k, t in m.state_dict().items())
+    m = zoo_at.get(name, device="cpu", dtype=torch.bfloat16)
+    assert m.get_classifier().weight.dtype == torch.bfloat16
 
 
 def test_get_with_weights_is_a_one_liner(zoo_at, tmp_path):

@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from zoo.attach import LoadOnFirstCall, Materializer, check_against_record
+from zoo.attach import LazyLoad, Materializer, cast_meta, check_against_record
 from zoo.constants import registry_url
 from zoo.errors import BuildFailed, CheckpointError, InvalidArgument, NotBuildable, WeightsMismatch
 from zoo.model_info import ModelInfo
@@ -105,25 +105,24 @@ class Zoo:
         those kwargs. The module has .materialize(device, weights, ...) (see zoo.materialize).
 
         With weights or device it is materialized at once (in `dtype`); dispatch="lazy" defers that to
-        the module's first forward call, and keeps deferring until a load succeeds.
+        the module's first use (see zoo.attach.LazyLoad), and keeps deferring until a load succeeds.
+        dtype alone gives the meta module in that dtype.
         """
         if dispatch not in ("now", "lazy"):
             raise InvalidArgument(f"dispatch must be 'now' or 'lazy', not {dispatch!r}")
-        if dtype is not None and weights is None and device is None:
-            raise InvalidArgument("dtype applies when the model is materialized: give device= or weights= too, "
-                                  "or call .materialize(dtype=...) on the module")
         if dtype is not None:  # refused now, not at a lazy load's first forward
             from zoo.inspection import float_dtype
 
-            float_dtype(dtype)
+            dtype = float_dtype(dtype)
         module = self._get_meta(name, overrides)
         if weights is None and device is None:
+            if dtype is not None:  # a meta module in that dtype, as timm.create_model(..., dtype=) builds
+                cast_meta(module, dtype)
             return module
         options = dict(device=device or "cpu", weights=weights, dtype=dtype)
         if dispatch == "now":
             return module.materialize(**options)
-        load = LoadOnFirstCall(options)
-        load.handle = module.register_forward_pre_hook(load, with_kwargs=True)
+        LazyLoad(module, options)
         return module
 
     def _get_meta(self, name: str, overrides: dict) -> nn.Module:
@@ -242,7 +241,7 @@ class Zoo:
             entry = store.weights_entry(s, full, weights)  # a tag first: "v1.0" is a tag before it is a file
             tags = [w["tag"] for w in store.info(s, full).weights]
         if entry is None:
-            if "." in weights or _is_file(weights):
+            if "." in weights or _exists(weights):  # a file, or a directory (save_pretrained's, DCP's, shards)
                 return weights
             raise CheckpointError(f"{weights!r} is neither a file nor a weights tag of {name} "
                                   f"(tags: {', '.join(tags) or 'none; add one with `zoo weights add`'})")
@@ -387,9 +386,9 @@ def _tokenized(name, module, inputs) -> dict:
     return kwargs
 
 
-def _is_file(path: str) -> bool:
+def _exists(path: str) -> bool:
     try:
-        return Path(path).is_file()
+        return Path(path).exists()
     except OSError:  # a name too long for the file system is no file
         return False
 

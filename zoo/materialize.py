@@ -9,13 +9,15 @@ from dataclasses import dataclass, field
 
 import torch
 from torch import nn
+from torch.nn.modules.module import _IncompatibleKeys as IncompatibleKeys  # load_state_dict's
 
 from zoo.errors import InvalidArgument, MaterializeError, WeightsMismatch
 from zoo.inspection import dtype_name, float_dtype, named_tensors
 from zoo.meta import value_of
-from zoo.weights.fit import Target, fit
+from zoo.weights.fit import Fit, Target, fit
 from zoo.weights.sources import SafetensorsSource, Source, open_source
-from zoo.weights.arena import allocate, parallel
+from zoo.weights.alloc import allocate, parallel
+from zoo.weights.placement import Box, box_slices, leading_rows, local_boxes
 from zoo.weights.stream import stream_into
 
 STREAMED = ("cuda",)  # device types that safetensors files stream onto through a ring of pinned buffers
@@ -30,7 +32,8 @@ class Slot:
     tensor: torch.Tensor
     is_param: bool
     persistent: bool
-    rows: tuple[int, int] | None = None  # of a sharded DTensor: the rows of dim 0 this rank holds
+    # of a DTensor: its local shape, and (box of the full tensor, box of the local one) pairs covering it
+    shard: tuple[tuple[int, ...], list[tuple[Box, Box]]] | None = None
     new: torch.Tensor | None = field(default=None, repr=False)
 
     @property
@@ -39,12 +42,16 @@ class Slot:
 
     @property
     def local_shape(self) -> tuple[int, ...]:
-        shape = tuple(self.tensor.shape)
-        return shape if self.rows is None else (self.rows[1] - self.rows[0], *shape[1:])
+        return tuple(self.tensor.shape) if self.shard is None else self.shard[0]
 
     def local(self, full: torch.Tensor) -> torch.Tensor:
         """This rank's part of a full value (a copy, so the full one can be freed)."""
-        return full if self.rows is None else full[self.rows[0]:self.rows[1]].clone()
+        if self.shard is None:
+            return full
+        local = torch.empty(self.local_shape, dtype=full.dtype, device=full.device)
+        for global_box, local_box in self.shard[1]:
+            local[box_slices(local_box)] = full[box_slices(global_box)]
+        return local
 
 
 def slots_of(module: nn.Module) -> list[Slot]:
@@ -55,34 +62,11 @@ def slots_of(module: nn.Module) -> list[Slot]:
             slot = by_id.get(id(t))
             if slot is None:
                 persistent = is_param or local not in owner._non_persistent_buffers_set
-                slot = by_id[id(t)] = Slot([], [], t, is_param, persistent, _local_rows(t))
+                slot = by_id[id(t)] = Slot([], [], t, is_param, persistent, local_boxes(t))
             if name not in slot.names:
                 slot.names.append(name)
                 slot.owners.append((owner, local))
     return list(by_id.values())
-
-
-def _local_rows(t: torch.Tensor) -> tuple[int, int] | None:
-    """For a DTensor (FSDP2's fully_shard shards parameters as Shard(0) on each mesh dimension),
-    the rows of dim 0 this rank holds, chunked as torch.chunk does; None for a plain tensor."""
-    placements = getattr(t, "placements", None)
-    if placements is None or t.dim() == 0:
-        return None
-    from torch.distributed.tensor import Replicate, Shard
-
-    start, stop = 0, t.shape[0]
-    for mesh_dim, placement in enumerate(placements):
-        if isinstance(placement, Replicate):
-            continue
-        if not (isinstance(placement, Shard) and placement.dim == 0):
-            raise MaterializeError(f"cannot materialize a DTensor placed as {placement}: only Shard(0) and Replicate")
-        chunk = -(-(stop - start) // t.device_mesh.size(mesh_dim))
-        first = start + t.device_mesh.get_local_rank(mesh_dim) * chunk
-        start, stop = min(first, stop), min(first + chunk, stop)
-    if t.to_local().shape[0] != stop - start:
-        raise MaterializeError(f"a DTensor whose local shard ({tuple(t.to_local().shape)}) is not the torch.chunk "
-                               f"of its shape {tuple(t.shape)}")
-    return start, stop
 
 
 def _like(old: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
@@ -97,8 +81,9 @@ def _like(old: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
 
 def materialize(module: nn.Module, device="cpu", weights=None, dtype: torch.dtype | str | None = None,
                 strict: bool = True, key_map=None, copy: bool = True, cast_non_persistent: bool = False,
-                recipe=None, reinit: bool = False) -> nn.Module:
-    """Allocate `module`'s meta tensors on `device` and fill them, in place; returns module.
+                recipe=None, reinit: bool = False, only_meta: bool = False) -> nn.Module:
+    """Allocate `module`'s meta tensors on `device` and fill them, in place; returns module (load_into
+    does the same and returns the missing and unexpected keys, as load_state_dict does).
 
     weights: a .safetensors file, a sharded checkpoint (directory or *.safetensors.index.json), a
     torch pickle (.pt/.pth/.bin/.ckpt, weights_only=True; memory-mapped unless legacy non-zip), a
@@ -116,11 +101,24 @@ def materialize(module: nn.Module, device="cpu", weights=None, dtype: torch.dtyp
     On CUDA a safetensors file streams through a few reusable pinned buffers, copied asynchronously
     on a stream of its own while the next ones are read; dtype casts run on the GPU; the call
     returns when every copy is done.
-    Parameters that FSDP2's fully_shard made DTensors get this rank's rows only, read from the file
-    (on CUDA, onto the rank's current device when device="cuda" names none).
+    DTensors (FSDP2's fully_shard, tensor parallelism, both, any placement but Partial) get this
+    rank's part only, read from the file (on CUDA, onto the rank's current device when device="cuda"
+    names none). Hooks registered on the meta parameters (register_hook,
+    register_post_accumulate_grad_hook) move to the loaded ones. only_meta=True leaves tensors that
+    are not on meta as they are, and the checkpoint's keys for them unread (a lazy load: what the
+    user set since is theirs).
     Arguments, keys, shapes and headers are checked before anything is allocated; a failure after
     that leaves the module exactly as it was.
     """
+    load_into(module, device, weights, dtype, strict, key_map, copy, cast_non_persistent, recipe, reinit, only_meta)
+    return module
+
+
+def load_into(module: nn.Module, device="cpu", weights=None, dtype=None, strict: bool = True, key_map=None,
+              copy: bool = True, cast_non_persistent: bool = False, recipe=None, reinit: bool = False,
+              only_meta: bool = False) -> IncompatibleKeys:
+    """materialize, returning the missing and unexpected keys (empty unless strict=False), as
+    load_state_dict does."""
     if not copy and str(device).split(":")[0] != "cpu":
         raise InvalidArgument(f"copy=False makes tensors views of the file mapped in CPU memory; on {device} they "
                               f"are always copied: leave copy=True (the default)")
@@ -130,18 +128,22 @@ def materialize(module: nn.Module, device="cpu", weights=None, dtype: torch.dtyp
         device = torch.device("cuda", torch.cuda.current_device())  # each rank's own, as set_device chose
     recipe = recipe if recipe is not None else module.__dict__.get("_zoo_recipe")
     slots = slots_of(module)
+    kept = frozenset(n for s in slots if only_meta and not s.tensor.is_meta for n in s.names)
+    slots = [s for s in slots if not kept.intersection(s.names)]
     if reinit and weights is not None:
         raise InvalidArgument("reinit=True re-initializes from the constructor: it takes no weights")
     held = [s.name for s in slots if s.is_param and not s.tensor.is_meta] if weights is None else []
     if held and not reinit:
         raise MaterializeError(f"the module already holds values ({_names(held)}); materialize() without weights "
                                f"would re-initialize them: pass reinit=True to do that, or weights=")
+    result = Fit()
     try:
         if weights is None:
             _initialize(slots, device, recipe)
         else:
             with open_source(weights) as source:
-                _load(slots, source, device, dtype, strict, key_map, copy, cast_non_persistent, recipe)
+                result = _load(slots, source, device, dtype, strict, key_map, copy, cast_non_persistent, recipe,
+                               kept)
         _fill_non_persistent(slots, device, recipe)
         for slot in slots:
             want = _target_dtype(slot, dtype, cast_non_persistent)
@@ -158,7 +160,7 @@ def materialize(module: nn.Module, device="cpu", weights=None, dtype: torch.dtyp
     _commit(slots)
     for mod, attr, value in plain:
         mod.__dict__[attr] = value
-    return module
+    return IncompatibleKeys(result.missing, result.unexpected)
 
 
 def _device(device) -> torch.device:
@@ -231,11 +233,12 @@ def _target_dtype(slot: Slot, dtype, cast_non_persistent: bool) -> torch.dtype:
 
 # --- weights ---------------------------------------------------------------------------------
 
-def check_fit(slots: list[Slot], specs: dict, strict: bool, key_map=None) -> dict[str, Slot]:
-    """The loading plan (checkpoint key -> slot), or WeightsMismatch naming what is missing,
-    unexpected or misshaped. A dtype difference is fine: the value is cast."""
+def check_fit(slots: list[Slot], specs: dict, strict: bool, key_map=None, ignore=frozenset()) -> tuple[dict, Fit]:
+    """The loading plan (checkpoint key -> slot) and the fit, or WeightsMismatch naming what is missing,
+    unexpected or misshaped. A dtype difference is fine: the value is cast. Keys naming `ignore` (tensors
+    a lazy load leaves as they are) are neither loaded nor unexpected."""
     targets = [Target(tuple(s.names), tuple(s.tensor.shape), dtype_name(s.tensor.dtype), s.persistent) for s in slots]
-    result = fit(targets, specs, key_map)
+    result = fit(targets, specs, key_map, ignore)
     if result.misshaped or (strict and (result.missing or result.unexpected)):
         hint = "strict=False allows missing and unexpected keys" if not result.misshaped and strict else ""
         raise WeightsMismatch(result.missing if strict else [], result.unexpected if strict else [],
@@ -243,11 +246,12 @@ def check_fit(slots: list[Slot], specs: dict, strict: bool, key_map=None) -> dic
     if not result.matched and result.missing:  # strict=False would initialize everything: surely not meant
         raise WeightsMismatch(result.missing, result.unexpected, [], "not one key matches: wrong file, or give "
                               "a key_map")
-    return {key: slots[i] for key, i in result.matched.items()}
+    return {key: slots[i] for key, i in result.matched.items()}, result
 
 
-def _load(slots, source: Source, device, dtype, strict, key_map, copy, cast_non_persistent, recipe) -> None:
-    plan = check_fit(slots, source.specs, strict, key_map)
+def _load(slots, source: Source, device, dtype, strict, key_map, copy, cast_non_persistent, recipe,
+          ignore=frozenset()) -> Fit:
+    plan, result = check_fit(slots, source.specs, strict, key_map, ignore)
     loaded = {id(s) for s in plan.values()}
     missing = [s for s in slots if s.persistent and s.tensor.is_meta and id(s) not in loaded]
     constructed = _constructed(missing, recipe) if missing else {}  # refused now, before allocating
@@ -256,15 +260,42 @@ def _load(slots, source: Source, device, dtype, strict, key_map, copy, cast_non_
             slot.new = slot.tensor.to(device)
     if not copy and device.type == "cpu" and isinstance(source, SafetensorsSource):
         plan = _map_file_views(plan, source, dtype, cast_non_persistent)
-    jobs = [(key, slot) for key, slot in plan.items()]
-    _allocate_slots([slot for _, slot in jobs], device, dtype, cast_non_persistent)
+    _allocate_slots(list(plan.values()), device, dtype, cast_non_persistent)
+    reads = [(key, slot, *part) for key, slot in plan.items() for part in _parts(slot)]
     if device.type in STREAMED and isinstance(source, SafetensorsSource):
-        stream_into([(key, slot.new, slot.rows) for key, slot in jobs], source, device)
-    else:
-        parallel(lambda job: source.read_into(job[0], job[1].new, job[1].rows), jobs,
-                  lambda job: job[1].new.nbytes)
+        # contiguous byte ranges stream through the pinned ring; a strided box is read on the host
+        streamed = [r for r in reads if _rows(r, source) is not False]
+        stream_into([(r[0], r[1].new, _rows(r, source)) for r in streamed], source, device)
+        reads = [r for r in reads if _rows(r, source) is False]
+    parallel(lambda read: _read(source, *read), reads, lambda read: read[1].new.nbytes)
     if missing:  # strict=False: the constructor's own values, as if these keys were never asked for
         _from_constructor(missing, device, recipe, constructed)
+    return result
+
+
+def _parts(slot: Slot) -> list[tuple[Box | None, Box | None]]:
+    """(box of the full tensor, box of the local one) to read; None, None: the whole tensor into the whole."""
+    if slot.shard is None:
+        return [(None, None)]
+    boxes = slot.shard[1]
+    if len(boxes) == 1:
+        return [(boxes[0][0], None)]
+    return boxes
+
+
+def _rows(read, source):
+    """The rows of dim 0 a read covers when it is one contiguous range into a whole tensor, else False."""
+    key, slot, global_box, local_box = read
+    return False if local_box is not None else leading_rows(global_box, source.specs[key].shape)
+
+
+def _read(source: Source, key: str, slot: Slot, global_box, local_box) -> None:
+    if local_box is None:
+        source.read_into(key, slot.new, global_box)
+        return
+    part = torch.empty([e - s for s, e in local_box], dtype=slot.new.dtype)  # one of several boxes of a DTensor
+    source.read_into(key, part, global_box)
+    slot.new[box_slices(local_box)].copy_(part)
 
 
 def _allocate_slots(slots, device, dtype, cast_non_persistent) -> None:
@@ -276,13 +307,17 @@ def _allocate_slots(slots, device, dtype, cast_non_persistent) -> None:
 
 
 def _map_file_views(plan, source: SafetensorsSource, dtype, cast_non_persistent):
-    """Zero-copy: tensors that can be views of the mapped file become them; the rest stay in the plan."""
+    """Zero-copy: tensors that can be views of the mapped file become them (each with a storage of its
+    own over the mapping); the rest stay in the plan."""
     maps: dict[int, mmap.mmap] = {}
     rest = {}
     for key, slot in plan.items():
-        fd, start, length = source.byte_range(key, slot.rows)
+        (global_box, local_box), *more = _parts(slot)
+        rows = leading_rows(global_box, source.specs[key].shape)
         file_dtype = getattr(torch, source.specs[key].dtype)
-        if _target_dtype(slot, dtype, cast_non_persistent) != file_dtype or start % file_dtype.itemsize or length == 0:
+        fd, start, length = source.byte_range(key, rows or None)
+        if (more or local_box is not None or rows is False or start % file_dtype.itemsize or length == 0
+                or _target_dtype(slot, dtype, cast_non_persistent) != file_dtype):
             rest[key] = slot
             continue
         if fd not in maps:
@@ -376,8 +411,20 @@ def _commit(slots) -> None:
                     s.new = None
                 raise MaterializeError(f"cannot swap {slot.name} in place ({e}); nothing was changed") from e
             swapped.append(slot)
+    for slot in swapped:
+        _rebind_tensor_hooks(slot.tensor)
     for slot in slots:
         if not slot.is_param:
             for mod, local in slot.owners:
                 mod._buffers[local] = slot.new
         slot.new = None
+
+
+def _rebind_tensor_hooks(param: torch.Tensor) -> None:
+    """swap_tensors moves the Python object's hook dicts with it, but autograd keeps tensor hooks on
+    the tensor it swapped out: assigning the dicts again registers them on the loaded tensor, so
+    hooks registered on meta fire, and their handles still remove them."""
+    for attr in ("_backward_hooks", "_post_accumulate_grad_hooks"):
+        hooks = getattr(param, attr)
+        if hooks:
+            setattr(param, attr, hooks)

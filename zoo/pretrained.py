@@ -19,13 +19,37 @@ from __future__ import annotations
 import os
 import re
 import threading
+from enum import Enum
 from pathlib import Path
 
 from zoo.errors import CheckpointError, HubUnavailable, InvalidArgument
 from zoo.families.torchvision import weights_of
+from zoo.weights.placement import box_slices
 from zoo.weights.sources import PICKLE_SUFFIXES, SafetensorsSource, Source, Spec, TensorDictSource, load_pickle
 
 HASH_PREFIX = re.compile(r"-([a-f0-9]*)\.")  # torch.hub's HASH_REGEX: the sha256 prefix in a file name
+
+
+def published_tag(recipe, weights):
+    """The published weights that `weights` names: None for "pretrained" (the row's own); on a
+    torchvision model, as get_model(name, weights=...) takes them, the tag that "DEFAULT", a weights
+    name ("IMAGENET1K_V2") or a WeightsEnum member names; False when it names none (a file, a
+    recorded tag, hf://...)."""
+    if isinstance(weights, str) and weights == "pretrained":
+        return None
+    if recipe is None or recipe.family != "torchvision" or not isinstance(weights, (str, Enum)):
+        return False
+    from torchvision.models import get_model_weights
+
+    enum = get_model_weights(recipe.builder)
+    if isinstance(weights, Enum):
+        if not isinstance(weights, enum):
+            raise InvalidArgument(f"{weights} are weights of another model: torchvision {recipe.builder} takes "
+                                  f"{enum.__name__} ({', '.join(w.name for w in enum)})")
+        return weights.name
+    if weights == "DEFAULT":
+        return enum.DEFAULT.name
+    return weights if weights in enum.__members__ else False
 
 
 def pretrained_source(recipe, tag: str | None, module) -> tuple[Source, bool]:
@@ -284,12 +308,12 @@ class FilteredSource(Source):
         self.specs = {k: file.specs[v] for k, v in renamed.items()}
         self.specs.update(TensorDictSource(computed).specs if computed else {})
 
-    def read_into(self, name, dest, rows=None) -> None:
+    def read_into(self, name, dest, box=None) -> None:
         if name in self.renamed:
-            self.file.read_into(self.renamed[name], dest, rows)
+            self.file.read_into(self.renamed[name], dest, box)
         else:
             src = self.computed[name]
-            dest.copy_(src if rows is None else src[rows[0]:rows[1]])
+            dest.copy_(src if box is None else src[box_slices(box)])
 
     def close(self) -> None:
         self.file.close()
@@ -368,12 +392,12 @@ class _Edited(Source):
         self.specs = {k: v for k, v in inner.specs.items() if k not in drop}
         self.specs.update(TensorDictSource(replaced).specs if replaced else {})
 
-    def read_into(self, name, dest, rows=None) -> None:
+    def read_into(self, name, dest, box=None) -> None:
         if name in self.replaced:
             src = self.replaced[name]
-            dest.copy_(src if rows is None else src[rows[0]:rows[1]])
+            dest.copy_(src if box is None else src[box_slices(box)])
         else:
-            self.inner.read_into(name, dest, rows)
+            self.inner.read_into(name, dest, box)
 
     def close(self) -> None:
         self.inner.close()

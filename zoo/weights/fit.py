@@ -36,12 +36,13 @@ class Fit:
                 "dtype_mismatched": [list(m) for m in self.dtype_mismatched]}
 
 
-def fit(targets: list[Target], specs: dict, key_map=None) -> Fit:
-    """specs: checkpoint key -> object with .shape and .dtype (a torch dtype name)."""
+def fit(targets: list[Target], specs: dict, key_map=None, ignore=frozenset()) -> Fit:
+    """specs: checkpoint key -> object with .shape and .dtype (a torch dtype name). Keys that name a
+    tensor in `ignore` are skipped, as a key the key_map maps to None is."""
     by_name = {n: i for i, t in enumerate(targets) if t.persistent for n in t.names}
     result = Fit()
     for key, name in _key_mapping(list(specs), key_map, by_name).items():
-        if name is None:
+        if name is None or name in ignore:
             continue
         index = by_name.get(name)
         if index is None:

@@ -1,11 +1,13 @@
 """Weight sources: safetensors files (single or sharded), torch pickles, in-memory state dicts.
 
 Every source lists its tensors (name -> dtype name and shape) from metadata alone, then copies
-one tensor, or a run of its leading rows, into a destination the caller allocated: a shard
-loader can read only its rows. Paths are untrusted: only regular files are opened (zoo.weights.paths).
+one tensor, or a box of it, into a destination the caller allocated: a rank of a sharded model
+reads only its part. Paths are untrusted: only regular files are opened (zoo.weights.paths).
 """
 
 import io
+import itertools
+import math
 import os
 import re
 import zipfile
@@ -15,6 +17,7 @@ from pathlib import Path
 from zoo.errors import CheckpointError
 from zoo.inspection import dtype_name
 from zoo.weights import safetensors_format as st
+from zoo.weights.placement import Box, box_slices, leading_rows
 from zoo.weights.paths import open_regular, regular_file
 
 PICKLE_SUFFIXES = {".pt", ".pth", ".bin", ".ckpt"}
@@ -29,8 +32,9 @@ class Spec:
 class Source:
     specs: dict[str, Spec]
 
-    def read_into(self, name: str, dest, rows: tuple[int, int] | None = None) -> None:
-        """Copy the tensor (or rows [start, stop) of dim 0) into dest, whose dtype may differ."""
+    def read_into(self, name: str, dest, box: Box | None = None) -> None:
+        """Copy the tensor, or the box of it ((start, stop) per dim), into dest: a contiguous CPU tensor
+        of the box's shape whose dtype may differ (then cast)."""
         raise NotImplementedError
 
     def close(self) -> None:
@@ -71,17 +75,37 @@ class SafetensorsSource(Source):
             start, length = start + rows[0] * row_bytes, (rows[1] - rows[0]) * row_bytes
         return self.fds[fd_index], start, length
 
-    def read_into(self, name, dest, rows=None) -> None:
+    def read_into(self, name, dest, box=None) -> None:
         import torch
 
-        fd, start, length = self.byte_range(name, rows)
         file_dtype = getattr(torch, self.specs[name].dtype)
-        if dest.device.type == "cpu" and dest.dtype == file_dtype and dest.is_contiguous():
-            read_exact(fd, start, length, dest)
-            return
-        staging = torch.empty(dest.shape, dtype=file_dtype, pin_memory=dest.device.type == "cuda")
-        read_exact(fd, start, length, staging)
-        dest.copy_(staging)
+        direct = dest.device.type == "cpu" and dest.dtype == file_dtype and dest.is_contiguous()
+        target = dest if direct else torch.empty(dest.shape, dtype=file_dtype, pin_memory=dest.device.type == "cuda")
+        rows = leading_rows(box, self.specs[name].shape)
+        if rows is False:  # a box strided in the file (a Shard(d > 0)): one read per contiguous run
+            self._read_strided(name, box, target)
+        else:
+            read_exact(*self.byte_range(name, rows), target)
+        if not direct:
+            dest.copy_(target)
+
+    def _read_strided(self, name, box, dest) -> None:
+        """The box's bytes, run by run: the innermost dims the box holds whole are one contiguous run
+        per index of the dims before them."""
+        fd_index, e = self.entries[name]
+        shape, itemsize = e.shape, dest.element_size()  # dest is in the file's dtype
+        inner = len(shape)
+        while inner > 0 and box[inner - 1] == (0, shape[inner - 1]):
+            inner -= 1
+        # the run: dim inner-1's span of the box, times every dim after it
+        run_dims = inner - 1
+        run_elems = (box[run_dims][1] - box[run_dims][0]) * math.prod(shape[run_dims + 1:])
+        strides = [math.prod(shape[d + 1:]) for d in range(len(shape))]
+        flat = dest.view(-1)
+        for n, outer in enumerate(itertools.product(*(range(s, t) for s, t in box[:run_dims]))):
+            first = sum(i * strides[d] for d, i in enumerate(outer)) + box[run_dims][0] * strides[run_dims]
+            read_exact(self.fds[fd_index], e.start + first * itemsize, run_elems * itemsize,
+                       flat[n * run_elems:(n + 1) * run_elems])
 
     def close(self) -> None:
         for fd in self.fds:
@@ -129,9 +153,9 @@ class TensorDictSource(Source):
         self.tensors = tensors
         self.specs = _specs(tensors)
 
-    def read_into(self, name, dest, rows=None) -> None:
+    def read_into(self, name, dest, box=None) -> None:
         src = self.tensors[name]
-        dest.copy_(src if rows is None else src[rows[0]:rows[1]])
+        dest.copy_(src if box is None else src[box_slices(box)])
 
 
 def _specs(tensors: dict) -> dict[str, Spec]:
