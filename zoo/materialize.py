@@ -17,7 +17,7 @@ from zoo.meta import value_of
 from zoo.weights.fit import Fit, Target, fit
 from zoo.weights.sources import SafetensorsSource, Source, open_source
 from zoo.weights.alloc import allocate, parallel
-from zoo.weights.placement import Box, box_slices, leading_rows, local_boxes
+from zoo.weights.placement import Box, box_slices, leading_rows, local_box
 from zoo.weights.stream import stream_into
 
 STREAMED = ("cuda",)  # device types that safetensors files stream onto through a ring of pinned buffers
@@ -32,8 +32,7 @@ class Slot:
     tensor: torch.Tensor
     is_param: bool
     persistent: bool
-    # of a DTensor: its local shape, and (box of the full tensor, box of the local one) pairs covering it
-    shard: tuple[tuple[int, ...], list[tuple[Box, Box]]] | None = None
+    box: Box | None = None  # of a DTensor: the part of the full tensor this rank holds
     new: torch.Tensor | None = field(default=None, repr=False)
 
     @property
@@ -42,16 +41,11 @@ class Slot:
 
     @property
     def local_shape(self) -> tuple[int, ...]:
-        return tuple(self.tensor.shape) if self.shard is None else self.shard[0]
+        return tuple(self.tensor.shape) if self.box is None else tuple(e - s for s, e in self.box)
 
     def local(self, full: torch.Tensor) -> torch.Tensor:
         """This rank's part of a full value (a copy, so the full one can be freed)."""
-        if self.shard is None:
-            return full
-        local = torch.empty(self.local_shape, dtype=full.dtype, device=full.device)
-        for global_box, local_box in self.shard[1]:
-            local[box_slices(local_box)] = full[box_slices(global_box)]
-        return local
+        return full if self.box is None else full[box_slices(self.box)].clone()
 
 
 def slots_of(module: nn.Module) -> list[Slot]:
@@ -62,7 +56,7 @@ def slots_of(module: nn.Module) -> list[Slot]:
             slot = by_id.get(id(t))
             if slot is None:
                 persistent = is_param or local not in owner._non_persistent_buffers_set
-                slot = by_id[id(t)] = Slot([], [], t, is_param, persistent, local_boxes(t))
+                slot = by_id[id(t)] = Slot([], [], t, is_param, persistent, local_box(t))
             if name not in slot.names:
                 slot.names.append(name)
                 slot.owners.append((owner, local))
@@ -261,41 +255,21 @@ def _load(slots, source: Source, device, dtype, strict, key_map, copy, cast_non_
     if not copy and device.type == "cpu" and isinstance(source, SafetensorsSource):
         plan = _map_file_views(plan, source, dtype, cast_non_persistent)
     _allocate_slots(list(plan.values()), device, dtype, cast_non_persistent)
-    reads = [(key, slot, *part) for key, slot in plan.items() for part in _parts(slot)]
+    reads = list(plan.items())
     if device.type in STREAMED and isinstance(source, SafetensorsSource):
-        # contiguous byte ranges stream through the pinned ring; a strided box is read on the host
-        streamed = [r for r in reads if _rows(r, source) is not False]
-        stream_into([(r[0], r[1].new, _rows(r, source)) for r in streamed], source, device)
-        reads = [r for r in reads if _rows(r, source) is False]
-    parallel(lambda read: _read(source, *read), reads, lambda read: read[1].new.nbytes)
+        # contiguous byte ranges stream through the pinned ring; a box strided in the file is read on the host
+        streamed = [(key, slot) for key, slot in reads if _rows(key, slot, source) is not False]
+        stream_into([(key, slot.new, _rows(key, slot, source)) for key, slot in streamed], source, device)
+        reads = [(key, slot) for key, slot in reads if _rows(key, slot, source) is False]
+    parallel(lambda read: source.read_into(read[0], read[1].new, read[1].box), reads, lambda read: read[1].new.nbytes)
     if missing:  # strict=False: the constructor's own values, as if these keys were never asked for
         _from_constructor(missing, device, recipe, constructed)
     return result
 
 
-def _parts(slot: Slot) -> list[tuple[Box | None, Box | None]]:
-    """(box of the full tensor, box of the local one) to read; None, None: the whole tensor into the whole."""
-    if slot.shard is None:
-        return [(None, None)]
-    boxes = slot.shard[1]
-    if len(boxes) == 1:
-        return [(boxes[0][0], None)]
-    return boxes
-
-
-def _rows(read, source):
-    """The rows of dim 0 a read covers when it is one contiguous range into a whole tensor, else False."""
-    key, slot, global_box, local_box = read
-    return False if local_box is not None else leading_rows(global_box, source.specs[key].shape)
-
-
-def _read(source: Source, key: str, slot: Slot, global_box, local_box) -> None:
-    if local_box is None:
-        source.read_into(key, slot.new, global_box)
-        return
-    part = torch.empty([e - s for s, e in local_box], dtype=slot.new.dtype)  # one of several boxes of a DTensor
-    source.read_into(key, part, global_box)
-    slot.new[box_slices(local_box)].copy_(part)
+def _rows(key: str, slot: Slot, source: Source):
+    """The rows of dim 0 a slot's box covers (None: all) when they are one byte range of the file, else False."""
+    return leading_rows(slot.box, source.specs[key].shape)
 
 
 def _allocate_slots(slots, device, dtype, cast_non_persistent) -> None:
@@ -312,11 +286,10 @@ def _map_file_views(plan, source: SafetensorsSource, dtype, cast_non_persistent)
     maps: dict[int, mmap.mmap] = {}
     rest = {}
     for key, slot in plan.items():
-        (global_box, local_box), *more = _parts(slot)
-        rows = leading_rows(global_box, source.specs[key].shape)
+        rows = _rows(key, slot, source)
         file_dtype = getattr(torch, source.specs[key].dtype)
         fd, start, length = source.byte_range(key, rows or None)
-        if (more or local_box is not None or rows is False or start % file_dtype.itemsize or length == 0
+        if (rows is False or start % file_dtype.itemsize or length == 0
                 or _target_dtype(slot, dtype, cast_non_persistent) != file_dtype):
             rest[key] = slot
             continue

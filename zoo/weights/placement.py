@@ -1,68 +1,45 @@
-"""Which parts of a full tensor a DTensor holds on this rank: boxes of the full tensor and where each goes locally.
+"""Which part of a full tensor a DTensor holds on this rank: a box, (start, stop) per dim.
 
 Any placement FSDP2 and tensor parallelism make: Shard(d) on any dim, several mesh dims (2D), Replicate,
 uneven shards (torch.chunk sizes), and the _StridedShard FSDP2 makes over a tensor-parallel Shard on the
-same dim. The indices follow torch's own computation of a local shard (torch.distributed.tensor._utils,
-left to right over the mesh dims); a rank reads just these boxes of the file.
+same dim. A rank reads just these boxes of the file.
 """
-
-import itertools
 
 from zoo.errors import MaterializeError
 
 Box = tuple[tuple[int, int], ...]  # (start, stop) per dim
 
 
-def local_boxes(t) -> tuple[tuple[int, ...], list[tuple[Box, Box]]] | None:
-    """For a DTensor, its local shape and (box of the full tensor, box of the local tensor) pairs that
-    cover the local tensor exactly; None for a plain tensor."""
+def local_box(t) -> Box | None:
+    """For a DTensor, the box of the full tensor its local tensor holds; None for a plain tensor."""
     placements = getattr(t, "placements", None)
     if placements is None:
         return None
     from torch.distributed.tensor import Replicate, Shard
-    from torch.distributed.tensor.placement_types import _StridedShard, _StridedShardOffsetMode
+    from torch.distributed.tensor.placement_types import _StridedShard
 
-    mesh, shape = t.device_mesh, tuple(t.shape)
+    mesh = t.device_mesh
     coordinate = mesh.get_coordinate()
-    index: list = [range(n) for n in shape]  # per dim, the full tensor's indices in local order
-    for mesh_dim, placement in enumerate(placements):
+    box = [(0, n) for n in t.shape]
+    # A _StridedShard is FSDP2 sharding a tensor-parallel shard: it chunks what the later mesh dims
+    # left, so it is applied after them (torch.chunk sizes, as FSDP2 cuts its shards; torch's own
+    # formula for it differs from FSDP2's shards when they are uneven).
+    order = sorted(range(len(placements)), key=lambda i: isinstance(placements[i], _StridedShard))
+    for mesh_dim in order:
+        placement = placements[mesh_dim]
         if isinstance(placement, Replicate):
             continue
-        chunks, rank = mesh.size(mesh_dim), coordinate[mesh_dim]
-        if isinstance(placement, _StridedShard):
-            d = placement.dim
-            _, offsets = placement.local_shard_size_and_offset(len(index[d]), chunks, rank,
-                                                               _StridedShardOffsetMode.ALL)
-            index[d] = [index[d][i] for i in offsets]
-        elif isinstance(placement, Shard):
-            d = placement.dim
-            size, offset = Shard.local_shard_size_and_offset(len(index[d]), chunks, rank)
-            index[d] = index[d][offset:offset + size]
-        else:
+        if not isinstance(placement, (Shard, _StridedShard)):
             raise MaterializeError(f"cannot materialize a DTensor placed as {placement}: a partial value has no "
                                    f"one file value; materialize before making it partial")
-    local_shape = tuple(len(i) for i in index)
-    if tuple(t.to_local().shape) != local_shape:
+        start, stop = box[placement.dim]
+        size, offset = Shard.local_shard_size_and_offset(stop - start, mesh.size(mesh_dim), coordinate[mesh_dim])
+        box[placement.dim] = (start + offset, start + offset + size)
+    shape = tuple(e - s for s, e in box)
+    if tuple(t.to_local().shape) != shape:
         raise MaterializeError(f"a DTensor whose local shard {tuple(t.to_local().shape)} is not the one its "
-                               f"placements {tuple(placements)} give {tuple(shape)} ({local_shape})")
-    runs = [_runs(i) for i in index]
-    boxes = []
-    for combo in itertools.product(*runs):
-        boxes.append((tuple((s, e) for s, e, _ in combo), tuple((at, at + e - s) for s, e, at in combo)))
-    return local_shape, boxes
-
-
-def _runs(indices) -> list[tuple[int, int, int]]:
-    """Consecutive increasing indices as (start, stop, local position) runs."""
-    if isinstance(indices, range) and indices.step == 1:
-        return [(indices.start, indices.stop, 0)] if len(indices) else []
-    runs: list[list[int]] = []
-    for at, i in enumerate(indices):
-        if runs and runs[-1][1] == i:
-            runs[-1][1] = i + 1
-        else:
-            runs.append([i, i + 1, at])
-    return [tuple(r) for r in runs]
+                               f"placements {tuple(placements)} give {tuple(t.shape)} ({shape})")
+    return tuple(box)
 
 
 def box_slices(box: Box) -> tuple[slice, ...]:
