@@ -304,6 +304,33 @@ def test_torchvision_variant_loads_bitwise_as_get_model_does(caches, fresh_url, 
     assert_bitwise(ours, theirs)
 
 
+def test_torchvision_spellings_of_weights_load_what_get_model_loads(caches, fresh_url, tmp_path, monkeypatch):
+    """On a torchvision architecture row, weights="DEFAULT", a weights name and a WeightsEnum member mean
+    the published weights, as torchvision.models.get_model(name, weights=...) takes them (they were taken
+    for a file or tag before); another model's enum member is refused before anything loads."""
+    import torchvision
+
+    import zoo
+
+    _, checkpoints = caches
+    weights = torchvision.models.ResNet18_Weights.IMAGENET1K_V1  # resnet18's DEFAULT
+    staged = tmp_path / "staged.pth"
+    torch.save(tv_state("resnet18", 9), staged)
+    prefix = hashlib.sha256(staged.read_bytes()).hexdigest()[:8]
+    checkpoints.mkdir(parents=True)
+    shutil.move(staged, checkpoints / f"resnet18-{prefix}.pth")
+    monkeypatch.setattr(weights.value, "url", f"https://download.pytorch.org/models/resnet18-{prefix}.pth")
+    add_row(fresh_url, "torchvision/resnet18", "torchvision", "resnet18")
+    registry = zoo.connect(fresh_url)
+    for spelling in ("DEFAULT", "IMAGENET1K_V1", weights):
+        ours = registry.get("torchvision/resnet18", weights=spelling)
+        assert_bitwise(ours, torchvision.models.get_model("resnet18", weights=spelling))
+    m = registry.get("torchvision/resnet18")
+    with pytest.raises(zoo.InvalidArgument, match="ResNet18_Weights"):
+        m.materialize(weights=torchvision.models.ResNet50_Weights.IMAGENET1K_V2)
+    assert on_meta(m)
+
+
 def _old_densenet_keys(state: dict) -> dict:
     """densenet's state as the published files hold it: keys of an older layout (norm.1, conv.2), which
     torchvision renames on load, and no num_batches_tracked (older than that buffer: torch's BatchNorm
