@@ -7,12 +7,15 @@ one run prints:
       timm.create_model(name) + load_state_dict(torch.load(FILE.pth, mmap=True));
   - throughput against the limit measured in the same run: the same file read into one freshly
     allocated buffer of the same size (target >= 85% of it);
-  - peak RSS of a fresh process around the call, over the model's bytes (target <= 1.15x);
+  - the same against a read into a buffer whose pages are already touched (target >= 70% of it);
+  - the storages of the loaded model: one per tensor, as the library's own model has, and their bytes;
+  - peak RSS of a fresh process around the call, over the model's bytes (target <= 1.05x);
   - materialize(weights=None) against eager construction.
 Target: zoo >= 5x faster than timm's path.
 
     .venv/bin/python bench/materialize_vs_timm.py [--models NAME ...] [--json]
-Weight files are made once (random values) under $ZOO_BENCH_DIR (default /tmp/zoo_bench).
+Weight files (random values) are made under $ZOO_BENCH_DIR (default /tmp/zoo_bench) and deleted
+after the run unless --keep.
 """
 
 import argparse
@@ -70,6 +73,28 @@ def read_limit(path: Path) -> float:
     return time.perf_counter() - t
 
 
+def read_touched(path: Path) -> float:
+    """Seconds to read the file into a buffer of its size whose pages are already touched (no first-touch
+    faults): the floor for a load into fresh memory."""
+    import torch
+
+    buf = torch.ones(path.stat().st_size, dtype=torch.uint8)
+    view = memoryview(buf.numpy())
+    t = time.perf_counter()
+    with open(path, "rb", buffering=0) as f:
+        done = 0
+        while done < len(view):
+            done += f.readinto(view[done:])
+    return time.perf_counter() - t
+
+
+def storages(module) -> tuple[int, int, int]:
+    """(distinct tensors, distinct storages, bytes of those storages) of a loaded module."""
+    tensors = {id(t): t for t in [*module.parameters(), *module.buffers()]}
+    by_storage = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in tensors.values()}
+    return len(tensors), len(by_storage), sum(by_storage.values())
+
+
 def timed(fn) -> float:
     import gc
 
@@ -123,6 +148,8 @@ def bench(name: str) -> dict:
     for path in (st, pth):
         warm(path)
     limit = min(read_limit(st) for _ in range(2))
+    touched = min(read_touched(st) for _ in range(2))
+    n_tensors, n_storages, storage_bytes = storages(zoo.get(f"timm/{name}").materialize(weights=str(st)))
     zoo_load = min(timed(lambda: zoo.get(f"timm/{name}").materialize(weights=str(st))) for _ in range(2))
     timm_path = timed(lambda: timm.create_model(name, pretrained=True, pretrained_cfg_overlay=dict(file=str(st))))
 
@@ -142,6 +169,8 @@ def bench(name: str) -> dict:
         "eager_load_state_dict_s": eager, "speedup_vs_timm": timm_path / zoo_load,
         "speedup_vs_eager": eager / zoo_load, "zoo_gb_s": nbytes / zoo_load / 1e9,
         "limit_gb_s": nbytes / limit / 1e9, "fraction_of_limit": limit / zoo_load,
+        "touched_gb_s": nbytes / touched / 1e9, "fraction_of_touched": touched / zoo_load,
+        "tensors": n_tensors, "storages": n_storages, "storage_bytes": storage_bytes,
         "zoo_peak_over_bytes": (rss["zoo"]["peak"] - rss["zoo"]["before"]) / nbytes,
         "eager_peak_over_bytes": (rss["eager"]["peak"] - rss["eager"]["before"]) / nbytes,
         "zoo_init_s": zoo_init, "eager_init_s": eager_init,
@@ -152,8 +181,15 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--models", nargs="+", default=["vit_large_patch16_224", "convnext_xxlarge"])
     p.add_argument("--json", action="store_true")
+    p.add_argument("--keep", action="store_true", help="keep the weight files for the next run")
     args = p.parse_args()
-    rows = [bench(n) for n in args.models]
+    try:
+        rows = [bench(n) for n in args.models]
+    finally:
+        if not args.keep:  # the temp dir is shared: leave nothing behind
+            for n in args.models:
+                for suffix in (".safetensors", ".pth"):
+                    (WORK / f"{n}{suffix}").unlink(missing_ok=True)
     if args.json:
         print(json.dumps(rows, indent=1))
         return
@@ -164,7 +200,11 @@ def main() -> None:
         print(f"  eager + load_state_dict {r['eager_load_state_dict_s']:7.2f} s   zoo {r['speedup_vs_eager']:.1f}x faster")
         print(f"  read into fresh buffer  {r['bytes'] / r['limit_gb_s'] / 1e9:7.2f} s   {r['limit_gb_s']:.2f} GB/s; "
               f"zoo at {100 * r['fraction_of_limit']:.0f}% of it (target >= 85%)")
-        print(f"  peak RSS over bytes     zoo {r['zoo_peak_over_bytes']:.2f}x, eager {r['eager_peak_over_bytes']:.2f}x (target <= 1.15x)")
+        print(f"  read into touched pages {r['bytes'] / r['touched_gb_s'] / 1e9:7.2f} s   {r['touched_gb_s']:.2f} GB/s; "
+              f"zoo at {100 * r['fraction_of_touched']:.0f}% of it (target >= 70%)")
+        print(f"  storages                {r['storages']} for {r['tensors']} tensors (one each), "
+              f"{r['storage_bytes'] / 1e9:.3f} GB of storage for a {r['bytes'] / 1e9:.3f} GB file")
+        print(f"  peak RSS over bytes     zoo {r['zoo_peak_over_bytes']:.2f}x, eager {r['eager_peak_over_bytes']:.2f}x (target <= 1.05x)")
         print(f"  weights=None            zoo {r['zoo_init_s']:.2f} s, eager construction {r['eager_init_s']:.2f} s")
 
 

@@ -247,3 +247,23 @@ def test_dtype_is_checked_before_a_lazy_load(zoo_at, tmp_path):
     with pytest.raises(InvalidArgument):
         zoo_at.get(R18, weights=str(tmp_path / "later.safetensors"), dtype="int8", dispatch="lazy")
     assert os.listdir(tmp_path) == []
+
+
+def test_fully_shard_of_a_lazy_module_loads_it_whole_first_and_trains_as_eager(zoo_at, tmp_path):
+    """fully_shard (torch's composable contract) lists the module's parameters, which is a use: the lazy
+    module loads whole, then FSDP2 shards it (the README says to shard a non-lazy module, then
+    materialize: each rank then reads only its rows). One gloo rank in this process."""
+    import torch.distributed as dist
+    from torch.distributed.fsdp import fully_shard
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'fsdp'}", rank=0, world_size=1)
+    try:
+        m, eager = lazy(zoo_at, tmp_path)
+        fully_shard(m)
+        assert not on_meta(m) and "_zoo_lazy" not in vars(m)
+        x = example_input(R18)
+        m(x).sum().backward()
+        eager(x).sum().backward()
+        assert all(torch.equal(p.grad.full_tensor(), q.grad) for p, q in zip(m.parameters(), eager.parameters()))
+    finally:
+        dist.destroy_process_group()
