@@ -16,7 +16,7 @@ from zoo.inspection import dtype_name, float_dtype, named_tensors
 from zoo.meta import value_of
 from zoo.weights.fit import Fit, Target, fit
 from zoo.weights.sources import SafetensorsSource, Source, open_source
-from zoo.weights.alloc import allocate, parallel
+from zoo.weights.alloc import allocate, parallel, populate
 from zoo.weights.placement import Box, box_slices, leading_rows, local_box
 from zoo.weights.stream import stream_into
 
@@ -261,10 +261,15 @@ def _load(slots, source: Source, device, dtype, strict, key_map, copy, cast_non_
         streamed = [(key, slot) for key, slot in reads if _rows(key, slot, source) is not False]
         stream_into([(key, slot.new, _rows(key, slot, source)) for key, slot in streamed], source, device)
         reads = [(key, slot) for key, slot in reads if _rows(key, slot, source) is False]
-    parallel(lambda read: source.read_into(read[0], read[1].new, read[1].box), reads, lambda read: read[1].new.nbytes)
+    parallel(lambda read: _read(source, *read), reads, lambda read: read[1].new.nbytes)
     if missing:  # strict=False: the constructor's own values, as if these keys were never asked for
         _from_constructor(missing, device, recipe, constructed)
     return result
+
+
+def _read(source: Source, key: str, slot: Slot) -> None:
+    populate(slot.new)
+    source.read_into(key, slot.new, slot.box)
 
 
 def _rows(key: str, slot: Slot, source: Source):

@@ -1,6 +1,7 @@
 """The memory a load reads into, and the threads that fill it."""
 
 import os
+import sys
 from concurrent.futures import ThreadPoolExecutor
 
 import torch
@@ -11,6 +12,30 @@ def allocate(shapes: list[tuple[tuple[int, ...], torch.dtype]], device: torch.de
     shared allocation would share one autograd version counter (BatchNorm's in-place running-stat
     updates then break backward), one dtype for torch.save, and one file for a submodule's state dict."""
     return [torch.empty(shape, dtype=dt, device=device) for shape, dt in shapes]
+
+
+_MADV_POPULATE_WRITE = 23  # Linux 5.14+
+_PAGE = 4096
+_libc = None
+
+
+def populate(t: torch.Tensor) -> None:
+    """Fault in a fresh CPU tensor's pages with one madvise before a read fills it: the kernel zeroes
+    them in a loop instead of taking a trap per 4 KiB page (ViT-L's first load: 0.33 -> 0.28 s on 2
+    cores). Huge pages (MADV_HUGEPAGE) were measured too: this kernel compacts synchronously for them
+    and the same load took 1.3-1.4 s. Where the call is not available nothing happens."""
+    global _libc
+    if t.device.type != "cpu" or t.nbytes < (1 << 20) or not sys.platform.startswith("linux"):
+        return
+    if _libc is None:
+        import ctypes
+
+        _libc = ctypes.CDLL(None, use_errno=True)
+        _libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    start = (t.data_ptr() + _PAGE - 1) // _PAGE * _PAGE
+    end = (t.data_ptr() + t.nbytes) // _PAGE * _PAGE
+    if end > start:
+        _libc.madvise(start, end - start, _MADV_POPULATE_WRITE)  # an old kernel's EINVAL: the read faults them
 
 
 def parallel(fn, jobs, weight) -> None:
