@@ -162,7 +162,7 @@ def test_materialize_streamed_on_cpu_round_trips_bit_exact(zoo_at, tmp_path, str
     eager = eager_model(name)
     m = zoo_at.get(name)
     params = [id(p) for p in m.parameters()]
-    m.materialize(weights=save(tmp_path, eager))
+    m.materialize(weights=save(tmp_path, eager), copy=True)  # on CPU the default maps the file: nothing streams
     assert len(streamed) == 1 and streamed[0] >= (1 if name == "user/tied" else 1000)
     assert [id(p) for p in m.parameters()] == params
     assert_same_model(m, eager, name)
@@ -178,7 +178,7 @@ def test_materialize_streamed_on_cpu_shards_and_casts(zoo_at, tmp_path, streamed
     for filename, keys in split.filename_to_tensors.items():
         save_file({k: state[k] for k in keys}, str(tmp_path / filename))
     assert len(split.filename_to_tensors) > 2
-    assert_same_model(zoo_at.get("timm/resnet18").materialize(weights=tmp_path), eager, "timm/resnet18")
+    assert_same_model(zoo_at.get("timm/resnet18").materialize(weights=tmp_path, copy=True), eager, "timm/resnet18")
     m = zoo_at.get("timm/resnet18").materialize(weights=tmp_path, dtype=torch.bfloat16)
     assert len(streamed) == 2
     for k, v in state.items():
@@ -200,7 +200,7 @@ def test_a_failure_midway_leaves_the_module_on_meta_and_frees_what_it_allocated(
     monkeypatch.setattr(mat, "allocate", lambda *a: [allocated.append(weakref.ref(t)) or t for t in allocate(*a)])
     m = zoo_at.get("timm/resnet18")
     with pytest.raises(CheckpointError, match="early") as failure:
-        m.materialize(weights=path, dtype=torch.float16)
+        m.materialize(weights=path, dtype=torch.float16, copy=True)  # int64 buffers too: read, not mapped
     assert streamed and _still_meta(m)
     assert len(allocated) == len(m.state_dict()) and all(r() is None for r in allocated)
     assert failure.value.__traceback__ is not None

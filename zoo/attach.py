@@ -8,7 +8,7 @@ from zoo.errors import InvalidArgument, RegistryDrift
 
 class Materializer:
     """A gotten module's .materialize(device="cpu", weights=None, dtype=None, strict=True, key_map=None,
-    copy=True, cast_non_persistent=False, reinit=False) (see zoo.materialize.materialize); `weights` may
+    copy=None, cast_non_persistent=False, reinit=False) (see zoo.materialize.materialize); `weights` may
     also be a tag recorded for the model, hf://ORG/NAME, or "constructor" for a model whose constructor loads
     weights files it ships (checked by sha256, then loaded by the constructor itself), or "pretrained" for
     the library's published weights of a timm or torchvision model (a variant row: its tag; an architecture
@@ -23,7 +23,7 @@ class Materializer:
         self.module, self.url, self.name = module, url, name
         self.incompatible_keys = None
 
-    def __call__(self, device="cpu", weights=None, dtype=None, strict=True, key_map=None, copy=True,
+    def __call__(self, device="cpu", weights=None, dtype=None, strict=True, key_map=None, copy=None,
                  cast_non_persistent=False, reinit=False, only_meta=False):
         from zoo.indexer import CONSTRUCTOR_TAG
         from zoo.materialize import load_into

@@ -11,7 +11,7 @@ import torch
 from torch import nn
 from torch.nn.modules.module import _IncompatibleKeys as IncompatibleKeys  # load_state_dict's
 
-from zoo.errors import InvalidArgument, MaterializeError, WeightsMismatch
+from zoo.errors import CheckpointError, InvalidArgument, MaterializeError, WeightsMismatch
 from zoo.inspection import dtype_name, float_dtype, named_tensors
 from zoo.meta import value_of
 from zoo.weights.fit import Fit, Target, fit
@@ -74,7 +74,7 @@ def _like(old: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
 
 
 def materialize(module: nn.Module, device="cpu", weights=None, dtype: torch.dtype | str | None = None,
-                strict: bool = True, key_map=None, copy: bool = True, cast_non_persistent: bool = False,
+                strict: bool = True, key_map=None, copy: bool | None = None, cast_non_persistent: bool = False,
                 recipe=None, reinit: bool = False, only_meta: bool = False) -> nn.Module:
     """Allocate `module`'s meta tensors on `device` and fill them, in place; returns module (load_into
     does the same and returns the missing and unexpected keys, as load_state_dict does).
@@ -89,9 +89,12 @@ def materialize(module: nn.Module, device="cpu", weights=None, dtype: torch.dtyp
     frequencies) only with cast_non_persistent. strict=False allows missing and unexpected keys
     (missing ones get the constructor's values), never a misshaped one, nor a checkpoint of which
     not one key matches. key_map maps checkpoint keys to module keys (a dict or a function; None
-    drops a key). copy=False on CPU makes parameters views of the memory-mapped safetensors file
-    where the dtype and alignment allow (copy-on-write: the file is never changed). Anywhere else
-    there is no file to view, so copy=False on another device is refused (InvalidArgument).
+    drops a key). On CPU, a safetensors tensor whose file dtype is the one asked for is by default
+    (copy=None, as transformers and safetensors do) a view of a private copy-on-write mapping of the
+    file, with a storage of its own: no bytes are copied, training writes go to private pages and the
+    file is never changed; the file must not be truncated while the model lives. copy=True gives
+    owned memory; copy=False insists on views, and is refused on any other device (InvalidArgument).
+    A dtype cast converts straight from the mapped file into the destination, chunk by chunk.
     On CUDA a safetensors file streams through a few reusable pinned buffers, copied asynchronously
     on a stream of its own while the next ones are read; dtype casts run on the GPU; the call
     returns when every copy is done.
@@ -109,13 +112,13 @@ def materialize(module: nn.Module, device="cpu", weights=None, dtype: torch.dtyp
 
 
 def load_into(module: nn.Module, device="cpu", weights=None, dtype=None, strict: bool = True, key_map=None,
-              copy: bool = True, cast_non_persistent: bool = False, recipe=None, reinit: bool = False,
+              copy: bool | None = None, cast_non_persistent: bool = False, recipe=None, reinit: bool = False,
               only_meta: bool = False) -> IncompatibleKeys:
     """materialize, returning the missing and unexpected keys (empty unless strict=False), as
     load_state_dict does."""
-    if not copy and str(device).split(":")[0] != "cpu":
+    if copy is False and str(device).split(":")[0] != "cpu":
         raise InvalidArgument(f"copy=False makes tensors views of the file mapped in CPU memory; on {device} they "
-                              f"are always copied: leave copy=True (the default)")
+                              f"are always copied: leave copy unset")
     # an integer dtype would fail in the swap (an integer parameter cannot require grad): refused first
     device, dtype = _device(device), None if dtype is None else float_dtype(dtype)
     if device.type == "cuda" and device.index is None:
@@ -252,7 +255,7 @@ def _load(slots, source: Source, device, dtype, strict, key_map, copy, cast_non_
     for slot in slots:  # tensors made real inside zoo.meta.real() are moved, not wiped
         if not slot.tensor.is_meta and id(slot) not in loaded:
             slot.new = slot.tensor.to(device)
-    if not copy and device.type == "cpu" and isinstance(source, SafetensorsSource):
+    if copy is not True and device.type == "cpu" and isinstance(source, SafetensorsSource):
         plan = _map_file_views(plan, source, dtype, cast_non_persistent)
     _allocate_slots(list(plan.values()), device, dtype, cast_non_persistent)
     reads = list(plan.items())
@@ -300,6 +303,9 @@ def _map_file_views(plan, source: SafetensorsSource, dtype, cast_non_persistent)
             continue
         if fd not in maps:
             maps[fd] = mmap.mmap(fd, 0, access=mmap.ACCESS_COPY)  # private: writes never reach the file
+        if start + length > len(maps[fd]):  # a view past the end would fault (SIGBUS) when read
+            raise CheckpointError(f"{key}: the weights file is shorter than its header says: it changed or was "
+                                  f"truncated after it was opened")
         flat = torch.frombuffer(maps[fd], dtype=torch.uint8, count=length, offset=start)
         slot.new = flat.view(file_dtype).view(slot.local_shape)
     return rest

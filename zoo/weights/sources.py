@@ -8,8 +8,10 @@ reads only its part. Paths are untrusted: only regular files are opened (zoo.wei
 import io
 import itertools
 import math
+import mmap
 import os
 import re
+import threading
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,6 +23,7 @@ from zoo.weights.placement import Box, box_slices, leading_rows
 from zoo.weights.paths import open_regular, regular_file
 
 PICKLE_SUFFIXES = {".pt", ".pth", ".bin", ".ckpt"}
+_CAST_CHUNK = 16 << 20  # bytes of the file converted at a time: a cast load's transient memory per thread
 
 
 @dataclass(frozen=True)
@@ -53,6 +56,8 @@ class SafetensorsSource(Source):
     def __init__(self, files: list[Path]):
         self.entries: dict[str, tuple[int, st.Entry]] = {}
         self.fds: list[int] = []
+        self._maps: dict[int, mmap.mmap] = {}  # fd -> its mapping, for casts
+        self._lock = threading.Lock()
         try:
             for path in files:
                 self.fds.append(open_regular(path))
@@ -79,15 +84,43 @@ class SafetensorsSource(Source):
         import torch
 
         file_dtype = getattr(torch, self.specs[name].dtype)
-        direct = dest.device.type == "cpu" and dest.dtype == file_dtype and dest.is_contiguous()
-        target = dest if direct else torch.empty(dest.shape, dtype=file_dtype, pin_memory=dest.device.type == "cuda")
         rows = leading_rows(box, self.specs[name].shape)
+        on_cpu = dest.device.type == "cpu" and dest.is_contiguous()
+        if on_cpu and rows is not False:
+            fd, start, length = self.byte_range(name, rows)
+            if dest.dtype == file_dtype:
+                read_exact(fd, start, length, dest)
+                return
+            if start % file_dtype.itemsize == 0:
+                self._cast_mapped(fd, start, length, file_dtype, dest)
+                return
+        staging = torch.empty(dest.shape, dtype=file_dtype, pin_memory=dest.device.type == "cuda")
         if rows is False:  # a box strided in the file (a Shard(d > 0)): one read per contiguous run
-            self._read_strided(name, box, target)
+            self._read_strided(name, box, staging)
         else:
-            read_exact(*self.byte_range(name, rows), target)
-        if not direct:
-            dest.copy_(target)
+            read_exact(*self.byte_range(name, rows), staging)
+        dest.copy_(staging)
+
+    def _cast_mapped(self, fd: int, start: int, length: int, file_dtype, dest) -> None:
+        """A cast in one pass: the file's pages, mapped, converted straight into dest a chunk at a time;
+        each chunk's pages leave this process's resident set once converted (the page cache keeps
+        them), so a cast load holds the destination and a few chunks, never a staging copy."""
+        import torch
+
+        with self._lock:
+            if fd not in self._maps:  # private and never written: no copy of a page is ever made
+                self._maps[fd] = mmap.mmap(fd, 0, access=mmap.ACCESS_COPY)
+        mapped = self._maps[fd]
+        if start + length > len(mapped):
+            raise CheckpointError(f"weights file ended {start + length - len(mapped)} bytes early (truncated?)")
+        itemsize, flat = file_dtype.itemsize, dest.view(-1)
+        step = _CAST_CHUNK // itemsize
+        for i in range(0, flat.numel(), step):
+            n = min(step, flat.numel() - i)
+            offset = start + i * itemsize
+            flat[i:i + n].copy_(torch.frombuffer(mapped, dtype=file_dtype, count=n, offset=offset))
+            first_page = offset // mmap.PAGESIZE * mmap.PAGESIZE
+            mapped.madvise(mmap.MADV_DONTNEED, first_page, offset + n * itemsize - first_page)
 
     def _read_strided(self, name, box, dest) -> None:
         """The box's bytes, run by run: the innermost dims the box holds whole are one contiguous run
@@ -108,6 +141,9 @@ class SafetensorsSource(Source):
                        flat[n * run_elems:(n + 1) * run_elems])
 
     def close(self) -> None:
+        for mapped in self._maps.values():
+            mapped.close()
+        self._maps = {}
         for fd in self.fds:
             os.close(fd)
         self.fds = []
@@ -294,6 +330,10 @@ def open_source(weights) -> Source:
     if isinstance(weights, dict):
         return TensorDictSource(unwrap_state_dict(weights, "state dict"))
     path = Path(weights)
+    if path.is_dir() and (path / ".metadata").exists():  # a torch.distributed.checkpoint directory
+        from zoo.weights.dcp import DcpSource
+
+        return DcpSource(path)
     if path.is_dir():
         return SafetensorsSource(safetensors_files(path))
     regular_file(path)
