@@ -57,8 +57,7 @@ class Zoo:
 
     def info(self, name: str, tensors: bool = False) -> ModelInfo:
         """The recorded metadata of a model, without importing torch; tensors=True adds its tensor table."""
-        with db.session(self.url) as s:
-            return store.info(s, name, tensors)
+        return self._row(name, tensors)[0]
 
     def search(self, expression=None, order_by: str | None = None, limit: int | None = None,
                fields: tuple[str, ...] | None = None) -> list[ModelInfo] | list[dict]:
@@ -129,32 +128,44 @@ class Zoo:
         from zoo import templates
         from zoo.build import build_meta
 
-        with db.session(self.url) as s:
-            row = store.resolve(s, name)
-            if row.family == "checkpoint":
-                raise NotBuildable(f"{row.name} is an indexed checkpoint: it records tensors, not a module")
-            if row.status != "ok":
-                raise BuildFailed(f"{row.name} failed to build when it was indexed: {row.error}")
-            recipe = Recipe(row.family, row.builder, {**json.loads(row.kwargs), **overrides})
-            key = (self.url, row.name, row.source_hash, recipe.kwargs_json())
-            inputs = json.loads(row.inputs) if row.family == "user" and row.inputs else None
+        info, source_hash = self._row(name)
+        if info.family == "checkpoint":
+            raise NotBuildable(f"{info.name} is an indexed checkpoint: it records tensors, not a module")
+        if info.status != "ok":
+            raise BuildFailed(f"{info.name} failed to build when it was indexed: {info.error}")
+        recipe = Recipe(info.family, info.builder, {**info.kwargs, **overrides})
+        key = (self.url, info.name, source_hash, recipe.kwargs_json())
+        inputs = info.inputs if info.family == "user" and info.inputs else None
 
         def build():
             module = build_meta(recipe)
             if not overrides:
-                with db.session(self.url) as s:  # one snapshot: the row as it is now, and its tensor table
-                    # a writer may have re-indexed the model since the row above was read: its table is then
-                    # another version's, and the module is the version this call began with (no drift)
-                    if store.ok_hash_of(s, row.name) == row.source_hash:
-                        check_against_record(row.name, module, store.tensor_blob(s, row.id))
+                # one snapshot: the row as it is now, and its tensor table. A writer may have re-indexed the
+                # model since the row above was read: its table is then another version's, and the module is
+                # the version this call began with (no drift)
+                now, now_hash = self._row(info.name, tensors=True)
+                if now.status == "ok" and now_hash == source_hash:
+                    check_against_record(info.name, module, now.tensor_table)
             return module
 
         module = templates.cached(key, build)
         module.__dict__["_zoo_recipe"] = recipe
         if inputs:  # a user builder's recorded input spec: scan and estimate run with it
             module.__dict__["_zoo_inputs"] = inputs
-        module.__dict__["materialize"] = Materializer(module, self.url, row.name)
+        module.__dict__["materialize"] = Materializer(module, self.url, info.name)
         return module
+
+    def _row(self, name: str, tensors: bool = False) -> tuple[ModelInfo, str]:
+        """A model's ModelInfo (with its weights, and its tensor table when asked) and source hash, in one
+        snapshot: through zoo.registry.lite on a SQLite file (no SQLAlchemy import), else SQLAlchemy."""
+        from zoo.registry import lite
+
+        found = lite.info(self.url, name, tensors) if isinstance(name, str) else None
+        if found is not None:
+            return found
+        with db.session(self.url) as s:
+            row = store.resolve(s, name)
+            return store.info(s, row.name, tensors), row.source_hash
 
     def _module(self, name_or_module) -> nn.Module:
         return self.get(name_or_module) if isinstance(name_or_module, str) else name_or_module
@@ -236,17 +247,15 @@ class Zoo:
             return weights
         from zoo.weights.digest import verify
 
-        with db.session(self.url) as s:
-            full = store.resolve(s, name).name
-            entry = store.weights_entry(s, full, weights)  # a tag first: "v1.0" is a tag before it is a file
-            tags = [w["tag"] for w in store.info(s, full).weights]
+        recorded = self.info(name).weights
+        entry = next((w for w in recorded if w["tag"] == weights), None)  # a tag first: "v1.0" is a tag, then a file
         if entry is None:
             if "." in weights or _exists(weights):  # a file, or a directory (save_pretrained's, DCP's, shards)
                 return weights
             raise CheckpointError(f"{weights!r} is neither a file nor a weights tag of {name} "
-                                  f"(tags: {', '.join(tags) or 'none; add one with `zoo weights add`'})")
-        verify(entry.path, entry.sha256)
-        return entry.path
+                                  f"(tags: {', '.join(w['tag'] for w in recorded) or 'none; add one with `zoo weights add`'})")
+        verify(entry["path"], entry["sha256"])
+        return entry["path"]
 
     def constructor_files(self, name: str) -> list[str]:
         """The weights files a model's constructor reads itself (recorded at index time as tags

@@ -151,12 +151,12 @@ def cast_meta(module, dtype) -> None:
     module._apply(cast)
 
 
-def check_against_record(name: str, module, recorded: bytes) -> None:
-    """A build must match its row: the installed library may differ from the one that indexed it."""
+def check_against_record(name: str, module, recorded) -> None:
+    """A build must match its row (its recorded tensor table): the installed library may differ from the
+    one that indexed it."""
     from zoo.inspection import inspect_module
-    from zoo.model_info import decode_tensors
 
-    want = {t.name: (t.shape, t.dtype) for t in decode_tensors(recorded)}
+    want = {t.name: (t.shape, t.dtype) for t in recorded}
     got = {t.name: (t.shape, t.dtype) for t in inspect_module(module).tensor_table}
     if want != got:
         diff = sorted(set(want.items()) ^ set(got.items()))[:5]

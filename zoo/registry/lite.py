@@ -1,4 +1,4 @@
-"""Search a SQLite registry with the standard library's sqlite3, read-only, without importing SQLAlchemy.
+"""Search and read a SQLite registry with the standard library's sqlite3, read-only, without importing SQLAlchemy.
 
 `zoo search` in a fresh process spent about 0.4 s importing SQLAlchemy for a query that takes a millisecond.
 This module compiles the same search to the same SQL that zoo.registry.sql gives on SQLite (the property
@@ -229,3 +229,33 @@ def search(url: str, expression, order_by: str | None = None, limit: int | None 
         return [ModelInfo(**{n: d(v) for n, d, v in zip(names, decoders, row)}) for row in rows]
     at = {n: i for i, n in enumerate(names)}
     return [{f: decoders[at[f]](row[at[f]]) for f in fields} for row in rows]
+
+
+def info(url: str, name: str, tensors: bool = False):
+    """(ModelInfo with its recorded weights, and its tensor table when asked; its source hash) for a full
+    name or a bare one that only one family has (store.resolve's rule), read in one snapshot; None where
+    this path does not apply or the name is not exactly one model: the SQLAlchemy path then gives the
+    error, with the close names."""
+    from zoo.model_info import ModelInfo, decode_tensors
+
+    path = sqlite_file(url)
+    con = None if path is None else _connect(path)
+    if con is None:
+        return None
+    try:
+        con.execute("BEGIN")  # one snapshot: the row, its tensor table and its weights from the same write
+        select = f"SELECT models.id, models.source_hash, {_COLUMNS} FROM models WHERE models.%s = ? LIMIT 2"
+        rows = con.execute(select % "name", [name]).fetchall() or con.execute(select % "short", [name]).fetchall()
+        if len(rows) != 1:
+            return None
+        model_id, source_hash, *values = rows[0]
+        blob = con.execute("SELECT data FROM model_tensors WHERE model_id = ?", [model_id]).fetchone() if tensors else None
+        weights = [dict(zip(("tag", "path", "sha256", "bytes"), w)) for w in con.execute(
+            "SELECT tag, path, sha256, bytes FROM weights WHERE model_id = ? ORDER BY CAST(tag AS BLOB)", [model_id])]
+    except sqlite3.Error:
+        return None
+    finally:
+        con.close()
+    fields = {c.name: _decoder(c)(v) for c, v in zip(PUBLIC, values)}
+    table = decode_tensors(blob[0]) if blob else None
+    return ModelInfo(**fields, tensor_table=table, weights=weights), source_hash

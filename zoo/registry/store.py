@@ -54,11 +54,6 @@ def info(session: Session, name: str, tensors: bool = False) -> ModelInfo:
     return ModelInfo.from_row(row, tensor_blob(session, row.id) if tensors else None, weights)
 
 
-def weights_entry(session: Session, name: str, tag: str) -> Weights | None:
-    return session.scalar(select(Weights).join(Model, Weights.model_id == Model.id)
-                          .where(Model.name == name, Weights.tag == tag))
-
-
 def drop_weights(session: Session, name: str, tags) -> None:
     row = resolve(session, name)
     session.execute(delete(Weights).where(Weights.model_id == row.id, Weights.tag.in_(list(tags))))
