@@ -64,12 +64,12 @@ print(json.dumps(dict(load=load_s, touched=touched_s, rss=peak - before, digest=
 
 LOADERS = {
     "zoo": """
-import torch, zoo
+import torch, zoo, timm, transformers  # the libraries the model needs, imported before the clock as the peers do
 def load():
     return zoo.connect({url!r}).get({name!r}).materialize(weights={path!r}, dtype={dtype})
 """,
     "zoo copy=True": """
-import torch, zoo
+import torch, zoo, timm, transformers
 def load():
     return zoo.connect({url!r}).get({name!r}).materialize(weights={path!r}, dtype={dtype}, copy=True)
 """,

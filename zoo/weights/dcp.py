@@ -86,7 +86,8 @@ class _Chunk:
     file: str = ""  # a data file's name in the directory
     start: int = 0  # of its torch.save archive in that file
     length: int = 0
-    layout: "tuple | None" = field(default=None, repr=False)  # (data start in the file, storage offset, strides, contiguous)
+    # read from the archive when first needed: (data start in the file, storage offset, strides, contiguous)
+    layout: "tuple | None" = field(default=None, repr=False)
 
 
 @dataclass
@@ -171,15 +172,14 @@ class DcpSource(Source):
         data, offset, strides, contiguous = self._layout(t, c, fd)
         item = t.dtype.itemsize
         if contiguous:
-            rows = local[0] if local else (0, 1)
-            per_row = math.prod(c.sizes[1:])
-            start, shape = data + (offset + rows[0] * per_row) * item, (rows[1] - rows[0], *c.sizes[1:])
+            rows = local[0] if local else (0, 1)  # a 0-d chunk: its one element
+            start = data + (offset + rows[0] * math.prod(c.sizes[1:])) * item
             whole_rows = all((a, b) == (0, n) for (a, b), n in zip(local[1:], c.sizes[1:]))
             if (whole_rows and target.dtype == t.dtype and target.device.type == "cpu"
                     and target.is_contiguous()):
                 self._pread(c, fd, start, target.nbytes, target)
                 return
-            staging = torch.empty(shape[:len(c.sizes)], dtype=t.dtype)
+            staging = torch.empty((rows[1] - rows[0], *c.sizes[1:]) if local else (), dtype=t.dtype)
             self._pread(c, fd, start, staging.nbytes, staging)
             target.copy_(staging[(slice(None),) + tuple(slice(a, b) for a, b in local[1:])] if local else staging)
             return
@@ -280,7 +280,7 @@ def _check_tiling(fqn: str, shape, chunks: list[_Chunk], path) -> None:
         if len(c.offsets) != len(shape) or len(c.sizes) != len(shape) or any(
                 o + s > n for o, s, n in zip(c.offsets, c.sizes, shape)):
             raise CheckpointError(f"{path}: a chunk of {fqn} at {c.offsets} of {c.sizes} is outside its shape {shape}")
-    if False:
+    if sum(math.prod(c.sizes) for c in chunks) != math.prod(shape):
         raise CheckpointError(f"{path}: the chunks of {fqn} do not add up to its shape {shape}")
     if shape:  # sweep along dim 0: only chunks whose rows overlap are compared
         active: list[_Chunk] = []
