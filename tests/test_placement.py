@@ -84,7 +84,10 @@ def parallelized(model: nn.Module, mesh, fsdp: bool) -> nn.Module:
 
 def _parallel_rank(rank, world, init_file, path, failures):
     """One gloo rank: the eager model parallelized from its full weights (torch scatters rank 0's), and
-    the meta model parallelized, then materialized from the file; every local tensor must be equal."""
+    the meta model parallelized, then materialized from the file, a state dict, and the DCP checkpoint
+    the parallel eager model saved; every local tensor must be equal."""
+    import torch.distributed.checkpoint as dcp
+
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
     try:
         mesh = init_device_mesh("cpu", (world // 2, 2), mesh_dim_names=("dp", "tp"))
@@ -93,11 +96,13 @@ def _parallel_rank(rank, world, init_file, path, failures):
             eager = Net()
             eager.load_state_dict(state)
             want = dict(parallelized(eager, mesh, fsdp).named_parameters())
+            checkpoint = f"{path}.dcp{int(fsdp)}"  # what a parallel training run saves: each rank its shards
+            dcp.save(eager.state_dict(), checkpoint_id=checkpoint)
             with torch.device("meta"):
                 model = Net()
             parallelized(model, mesh, fsdp)
             before = dict(model.named_parameters())
-            for weights in (path, state):
+            for weights in (path, state, checkpoint):
                 materialize(model, weights=weights)
                 assert all(p is before[n] for n, p in model.named_parameters()), "identity"
                 for name, p in model.named_parameters():
@@ -117,9 +122,10 @@ def _parallel_rank(rank, world, init_file, path, failures):
 
 @pytest.mark.parametrize("world", [2, 4])
 def test_tensor_parallel_and_fsdp2_over_tp_load_each_ranks_part_on_gloo(tmp_path, world):
-    """Parallelized while on meta, then materialized (from a file and from a state dict): on every
-    rank each local tensor is the one torch's tensor parallelism and FSDP2 cut from the full weights
-    (a 1x2 and a 2x2 mesh; 10 and 5 rows: uneven over 2 and 4)."""
+    """Parallelized while on meta, then materialized (from a file, a state dict and a DCP checkpoint that
+    the same parallel layout saved): on every rank each local tensor is the one torch's tensor
+    parallelism and FSDP2 cut from the full weights (a 1x2 and a 2x2 mesh; 10 and 5 rows: uneven over
+    2 and 4)."""
     import torch.multiprocessing as mp
 
     torch.manual_seed(0)
