@@ -48,4 +48,5 @@ registry: $(STAMP)
 	$(BIN)/zoo --registry registry.db db compact
 
 bench: $(STAMP)
+	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[bench]'
 	for script in bench/*.py; do $(BIN)/python $$script || exit 1; done
