@@ -177,7 +177,9 @@ class Zoo:
         module = self._module(name_or_module)
         if any(isinstance(i, str) for i in inputs):
             full = self.info(name_or_module).name if isinstance(name_or_module, str) else None
-            return scan(module, **_tokenized(full, module, inputs), **options)
+            from zoo.analysis.inputs import tokenized
+
+            return scan(module, **tokenized(full, module, inputs), **options)
         return scan(module, *inputs, **options)
 
     def estimate(self, name_or_module, batch: int = 1, dtype="bf16", training: bool = False,
@@ -371,28 +373,6 @@ class Zoo:
         from zoo.registry.transfer import copy_registry
 
         return copy_registry(self.url, registry_url(target), replace)
-
-
-def _tokenized(name, module, inputs) -> dict:
-    """scan(name, "some text"): the text as token ids from the model's tokenizer in the local HF cache,
-    the model's other recorded inputs (decoder_input_ids) at the same length."""
-    import torch
-
-    from zoo.analysis.inputs import input_spec_of, make_inputs
-    from zoo.errors import AnalysisError
-
-    recipe = module.__dict__.get("_zoo_recipe")
-    if len(inputs) != 1 or not isinstance(name, str) or recipe is None or recipe.family != "hf":
-        raise AnalysisError("text is scanned for a registered hf model, as its one input: "
-                            "zoo.scan('hf/ORG/NAME', 'some text')")
-    from zoo.families import hf
-
-    repo = name.removeprefix("hf/")
-    ids = hf.tokenize(repo, inputs[0])
-    spec = input_spec_of(module) or {"kwargs": {"input_ids": {"shape": ["seq"], "dtype": "int64"}}}
-    _, kwargs = make_inputs(spec, batch=1, seq_len=len(ids))
-    kwargs["input_ids"] = torch.tensor([ids], dtype=torch.int64).to("meta")
-    return kwargs
 
 
 def _exists(path: str) -> bool:

@@ -5,72 +5,22 @@ out-of-memory leaves it exactly as it was, on meta, and the new memory is freed.
 """
 
 import mmap
-from dataclasses import dataclass, field
 
 import torch
 from torch import nn
 from torch.nn.modules.module import _IncompatibleKeys as IncompatibleKeys  # load_state_dict's
 
 from zoo.errors import CheckpointError, InvalidArgument, MaterializeError, WeightsMismatch
-from zoo.inspection import dtype_name, float_dtype, named_tensors
+from zoo.inspection import dtype_name, float_dtype
 from zoo.meta import value_of
 from zoo.weights.fit import Fit, Target, fit
 from zoo.weights.sources import SafetensorsSource, Source, open_source
 from zoo.weights.alloc import allocate, parallel, populate
-from zoo.weights.placement import Box, box_slices, leading_rows, local_box
+from zoo.weights.placement import leading_rows
+from zoo.weights.slots import Slot, like, slots_of
 from zoo.weights.stream import stream_into
 
 STREAMED = ("cuda",)  # device types that safetensors files stream onto through a ring of pinned buffers
-
-
-@dataclass
-class Slot:
-    """One distinct tensor of a module and every name it goes by (ties)."""
-
-    names: list[str]
-    owners: list[tuple[nn.Module, str]]
-    tensor: torch.Tensor
-    is_param: bool
-    persistent: bool
-    box: Box | None = None  # of a DTensor: the part of the full tensor this rank holds
-    new: torch.Tensor | None = field(default=None, repr=False)
-
-    @property
-    def name(self) -> str:
-        return self.names[0]
-
-    @property
-    def local_shape(self) -> tuple[int, ...]:
-        return tuple(self.tensor.shape) if self.box is None else tuple(e - s for s, e in self.box)
-
-    def local(self, full: torch.Tensor) -> torch.Tensor:
-        """This rank's part of a full value (a copy, so the full one can be freed)."""
-        return full if self.box is None else full[box_slices(self.box)].clone()
-
-
-def slots_of(module: nn.Module) -> list[Slot]:
-    by_id: dict[int, Slot] = {}
-    for attr in ("_parameters", "_buffers"):
-        is_param = attr == "_parameters"
-        for name, owner, local, t in named_tensors(module, attr):
-            slot = by_id.get(id(t))
-            if slot is None:
-                persistent = is_param or local not in owner._non_persistent_buffers_set
-                slot = by_id[id(t)] = Slot([], [], t, is_param, persistent, local_box(t))
-            if name not in slot.names:
-                slot.names.append(name)
-                slot.owners.append((owner, local))
-    return list(by_id.values())
-
-
-def _like(old: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
-    """new, wrapped as a DTensor with old's mesh and placements when old is one."""
-    if getattr(old, "placements", None) is None:
-        return new
-    from torch.distributed.tensor import DTensor
-
-    return DTensor.from_local(new, old.device_mesh, old.placements, run_check=False, shape=old.shape,
-                              stride=old.stride())
 
 
 def materialize(module: nn.Module, device="cpu", weights=None, dtype: torch.dtype | str | None = None,
@@ -146,7 +96,7 @@ def load_into(module: nn.Module, device="cpu", weights=None, dtype=None, strict:
             want = _target_dtype(slot, dtype, cast_non_persistent)
             if slot.new.device != device or slot.new.dtype != want:
                 slot.new = slot.new.to(device=device, dtype=want)
-            slot.new = _like(slot.tensor, slot.new)
+            slot.new = like(slot.tensor, slot.new)
             if slot.is_param and slot.new is not slot.tensor:  # made here: it can fail, the swap must not
                 slot.new = nn.Parameter(slot.new, requires_grad=slot.tensor.requires_grad)
         plain = _plain_tensor_values(module, device, recipe)

@@ -19,11 +19,10 @@ from __future__ import annotations
 import os
 import re
 import threading
-from enum import Enum
 from pathlib import Path
 
 from zoo.errors import CheckpointError, HubUnavailable, InvalidArgument
-from zoo.families.torchvision import weights_of
+from zoo.families.torchvision import weights_of, weights_tag
 from zoo.weights.placement import box_slices
 from zoo.weights.sources import PICKLE_SUFFIXES, SafetensorsSource, Source, Spec, TensorDictSource, load_pickle
 
@@ -31,25 +30,14 @@ HASH_PREFIX = re.compile(r"-([a-f0-9]*)\.")  # torch.hub's HASH_REGEX: the sha25
 
 
 def published_tag(recipe, weights):
-    """The published weights that `weights` names: None for "pretrained" (the row's own); on a
-    torchvision model, as get_model(name, weights=...) takes them, the tag that "DEFAULT", a weights
-    name ("IMAGENET1K_V2") or a WeightsEnum member names; False when it names none (a file, a
-    recorded tag, hf://...)."""
+    """The published weights that `weights` names: None for "pretrained" (the row's own); a torchvision
+    tag for torchvision's own spellings (zoo.families.torchvision.weights_tag); False when it names none
+    (a file, a recorded tag, hf://...)."""
     if isinstance(weights, str) and weights == "pretrained":
         return None
-    if recipe is None or recipe.family != "torchvision" or not isinstance(weights, (str, Enum)):
+    if recipe is None or recipe.family != "torchvision":
         return False
-    from torchvision.models import get_model_weights
-
-    enum = get_model_weights(recipe.builder)
-    if isinstance(weights, Enum):
-        if not isinstance(weights, enum):
-            raise InvalidArgument(f"{weights} are weights of another model: torchvision {recipe.builder} takes "
-                                  f"{enum.__name__} ({', '.join(w.name for w in enum)})")
-        return weights.name
-    if weights == "DEFAULT":
-        return enum.DEFAULT.name
-    return weights if weights in enum.__members__ else False
+    return weights_tag(recipe.builder, weights)
 
 
 def pretrained_source(recipe, tag: str | None, module) -> tuple[Source, bool]:

@@ -60,6 +60,26 @@ def weights_of(builder: str, tag: str | None):
                               f"{', '.join(w.name for w in enum)}") from None
 
 
+def weights_tag(builder: str, weights):
+    """The tag that torchvision's own spellings of weights name, as get_model(name, weights=...) takes
+    them: "DEFAULT", a weights name ("IMAGENET1K_V2") or a WeightsEnum member; False for anything else."""
+    from enum import Enum
+
+    from torchvision.models import get_model_weights
+
+    if not isinstance(weights, (str, Enum)):
+        return False
+    enum = get_model_weights(builder)
+    if isinstance(weights, Enum):
+        if not isinstance(weights, enum):
+            raise InvalidArgument(f"{weights} are weights of another model: torchvision {builder} takes "
+                                  f"{enum.__name__} ({', '.join(w.name for w in enum)})")
+        return weights.name
+    if weights == "DEFAULT":
+        return enum.DEFAULT.name
+    return weights if weights in enum.__members__ else False
+
+
 def task_of(builder: str) -> str:
     from torchvision.models import get_model_builder
 
