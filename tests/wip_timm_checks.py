@@ -3,8 +3,9 @@
 timm tests every architecture it ships for: a forward pass; a backward pass in train mode that reaches
 every parameter; its default cfg (classifier and first conv names, `forward_features` unpooled at the
 cfg's pool size, `forward_head` with and without `pre_logits`, `reset_classifier`, a headless rebuild);
-`features_only` feature extraction (the default wrapper and the `forward_intermediates` getter);
-`forward_intermediates`; and torch.fx tracing with timm's own leaf modules and autowrapped functions.
+`features_only` feature extraction (the default wrapper, the `forward_intermediates` getter and the fx
+graph extractor of timm.models._features_fx); `forward_intermediates`; and torch.fx tracing of the whole
+model with timm's own leaf modules and autowrapped functions, forward and backward.
 These are the same kinds of check, written for zoo, where "create_model" is answered by zoo:
 
     eager = timm.create_model(name, **kw)                       # under a fixed seed, saved to a file
@@ -31,7 +32,7 @@ from itertools import chain
 
 import pytest
 import torch
-from safetensors.torch import load_file, save_file, save_model
+from safetensors.torch import load_file, save_file
 
 import zoo
 from tests.conftest import ROOT
@@ -113,14 +114,16 @@ class Side:
             except Exception as e:
                 timm_fails(f"create_model({self.name!r}, **{kwargs})", e)
             path = self.root / f"{len(self._built)}.safetensors"
-            save_model(model, str(path))  # a tensor shared by two names is stored once, as save_pretrained does
+            save_state(model, path)
             self._built[key] = model, str(path)
         return self._built[key]
 
     def pair(self, **kwargs):
         """A fresh copy of timm's model and zoo's, materialized from the file timm's was saved to."""
         eager, path = self._eager(kwargs)
-        return copy.deepcopy(eager), self.ours(path, **kwargs)
+        ours = self.ours(path, **kwargs)
+        assert type(ours) is type(eager), f"zoo gives a {type(ours).__name__}, timm a {type(eager).__name__}"
+        return copy.deepcopy(eager), ours
 
     def ours(self, path: str, **kwargs):
         meta = REGISTRY.get(f"timm/{self.name}", **self.kwargs, **kwargs)
@@ -148,6 +151,19 @@ class Side:
         return torch.randn(BATCH, *self.size, generator=torch.Generator().manual_seed(1))
 
 
+def save_state(model, path):
+    """model's state dict as a safetensors file: a tensor with two names (a tie: one tensor object) is stored
+    once, under its first name, as save_pretrained does; every other tensor as a contiguous copy of its own
+    (an fx graph's constants may be strided views of another buffer, which safetensors refuses)."""
+    state, seen = {}, set()
+    for name, t in model.state_dict(keep_vars=True).items():
+        if id(t) in seen:
+            continue
+        seen.add(id(t))
+        state[name] = t.detach().clone(memory_format=torch.contiguous_format)
+    save_file(state, str(path))
+
+
 def reduced(cfg) -> tuple:
     """The cfg's input size, each side at most TARGET, at least its min_input_size (as timm's tests do)."""
     size = tuple(min(s, TARGET) for s in cfg["input_size"])
@@ -168,7 +184,7 @@ def timm_fails(what: str, error: BaseException):
     pytest.skip(f"timm's own model fails {what}: {type(error).__name__}: {lines[0][:300]}")
 
 
-def both(arch: "Side", what: str, check, eager, ours):
+def both(arch: Side, what: str, check, eager, ours):
     """check(model) on timm's model, then on zoo's. timm's failing skips the test, naming timm's failure;
     zoo's failing fails it. The check's results are returned, zoo's first."""
     try:
@@ -212,9 +228,9 @@ def fmt_dims(model, default: str = "NCHW"):
     return get_channel_dim(fmt), get_spatial_dim(fmt)
 
 
-def unpooled_size(arch: Side, cfg_key: str = "pool_size"):
-    """The cfg's pool_size scaled to this test's input (cfg's input gives the cfg's pool size)."""
-    pool = arch.cfg.get(cfg_key)
+def unpooled_size(arch: Side):
+    """The cfg's pool_size scaled to this test's input (the cfg's input size gives its pool size)."""
+    pool = arch.cfg.get("pool_size")
     if not pool:
         return None
     full = arch.cfg["input_size"][1:]
@@ -227,7 +243,6 @@ def unpooled_size(arch: Side, cfg_key: str = "pool_size"):
 
 def test_forward(arch):
     eager, ours = arch.pair()
-    assert type(ours) is type(eager)
     x = arch.input()
 
     def forward(model):
@@ -432,7 +447,6 @@ def test_features_only(arch, feature_cls):
     feature_info's channels, and at most its reduction's spatial size (+1 for padding)."""
     kwargs = {"features_only": True} | ({"feature_cls": feature_cls} if feature_cls else {})
     eager, ours = arch.pair(**kwargs)
-    assert type(ours) is type(eager)
     x = arch.input()
 
     def features(model):
@@ -444,9 +458,13 @@ def test_features_only(arch, feature_cls):
         assert len(maps) == len(channels), f"{len(maps)} maps, feature_info has {len(channels)}"
         channel, spatial = fmt_dims(model)
         for c, r, m in zip(channels, reductions, maps):
-            assert m.shape[0] == BATCH and m.shape[channel] == c, f"{list(m.shape)}: expected {c} channels"
-            for d, s in zip(spatial, x.shape[2:]):
-                assert m.shape[d] <= math.ceil(s / r) + 1, f"{list(m.shape)} for reduction {r}"
+            assert m.shape[0] == BATCH, list(m.shape)
+            if m.ndim == 3:  # tokens (the fx extractor of a ViT returns its blocks' outputs as they are)
+                assert m.shape[-1] == c, f"{list(m.shape)}: expected {c} wide tokens"
+            else:
+                assert m.shape[channel] == c, f"{list(m.shape)}: expected {c} channels"
+                for d, s in zip(spatial, x.shape[2:]):
+                    assert m.shape[d] <= math.ceil(s / r) + 1, f"{list(m.shape)} for reduction {r}"
             no_nan(m)
         return dict(maps=maps, info=info.get_dicts(), out_indices=tuple(info.out_indices))
 
@@ -549,13 +567,20 @@ def test_fx_backward(arch):
 
 # --- the checks can fail --------------------------------------------------------------------------------
 
-CHECKS = {
-    "forward": (test_forward, {}), "backward": (test_backward, {"num_classes": 42}),
-    "forward_features": (test_forward_features, {}), "forward_head": (test_forward_head, {}),
-    "reset_classifier": (test_reset_classifier, {}), "unpooled": (test_reset_classifier_unpooled, {}),
-    "features_only": (test_features_only, {"features_only": True}),
+CHECKS = {  # name: (the test, run on an architecture; the create_model kwargs of the file it loads)
+    "forward": (test_forward, {}),
+    "backward": (test_backward, {"num_classes": 42}),
+    "forward_features": (test_forward_features, {}),
+    "forward_head": (test_forward_head, {}),
+    "reset_classifier": (test_reset_classifier, {}),
+    "unpooled": (test_reset_classifier_unpooled, {}),
+    "headless": (lambda arch: test_headless(arch, {"num_classes": 0}), {"num_classes": 0}),
+    **{f"features_only[{cls}]": (lambda arch, cls=cls: test_features_only(arch, cls),
+                                 {"features_only": True} | ({"feature_cls": cls} if cls else {}))
+       for cls in (None, "getter", "fx")},
     "forward_intermediates": (test_forward_intermediates, {}),
-    "fx_forward": (test_fx_forward, {}), "fx_backward": (test_fx_backward, {"num_classes": 42}),
+    "fx_forward": (test_fx_forward, {}),
+    "fx_backward": (test_fx_backward, {"num_classes": 42}),
 }
 
 
@@ -573,10 +598,7 @@ def test_a_changed_weight_fails_the_check(tmp_path_factory, check):
     save_file(state, changed)
     arch.ours = lambda path, changed=changed, ours=arch.ours, **kw: ours(changed, **kw)
     with pytest.raises(AssertionError, match="differs from timm's"):
-        if check == "features_only":
-            test(arch, None)
-        else:
-            test(arch)
+        test(arch)
 
 
 def one_storage(model):
