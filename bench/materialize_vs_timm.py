@@ -59,26 +59,12 @@ def warm(path: Path) -> None:
             pass
 
 
-def read_limit(path: Path) -> float:
-    """Seconds to read the file into one freshly allocated buffer of its size."""
+def read_limit(path: Path, touched: bool = False) -> float:
+    """Seconds to read the file into one freshly allocated buffer of its size, or (touched) into one whose
+    pages are already touched: no first-touch faults, the floor for a load into fresh memory."""
     import torch
 
-    buf = torch.empty(path.stat().st_size, dtype=torch.uint8)
-    view = memoryview(buf.numpy())
-    t = time.perf_counter()
-    with open(path, "rb", buffering=0) as f:
-        done = 0
-        while done < len(view):
-            done += f.readinto(view[done:])
-    return time.perf_counter() - t
-
-
-def read_touched(path: Path) -> float:
-    """Seconds to read the file into a buffer of its size whose pages are already touched (no first-touch
-    faults): the floor for a load into fresh memory."""
-    import torch
-
-    buf = torch.ones(path.stat().st_size, dtype=torch.uint8)
+    buf = (torch.ones if touched else torch.empty)(path.stat().st_size, dtype=torch.uint8)
     view = memoryview(buf.numpy())
     t = time.perf_counter()
     with open(path, "rb", buffering=0) as f:
@@ -148,7 +134,7 @@ def bench(name: str) -> dict:
     for path in (st, pth):
         warm(path)
     limit = min(read_limit(st) for _ in range(2))
-    touched = min(read_touched(st) for _ in range(2))
+    touched = min(read_limit(st, touched=True) for _ in range(2))
     n_tensors, n_storages, storage_bytes = storages(zoo.get(f"timm/{name}").materialize(weights=str(st)))
     zoo_load = min(timed(lambda: zoo.get(f"timm/{name}").materialize(weights=str(st))) for _ in range(2))
     timm_path = timed(lambda: timm.create_model(name, pretrained=True, pretrained_cfg_overlay=dict(file=str(st))))

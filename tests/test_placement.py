@@ -141,3 +141,22 @@ def test_tensor_parallel_and_fsdp2_over_tp_load_each_ranks_part_on_gloo(tmp_path
         (seen.add(item[1]) if isinstance(item, tuple) else bad.append(item))
     assert not bad
     assert {("Shard",), ("Replicate",), ("_StridedShard", "Shard") if world == 4 else ("Shard",)} <= seen
+
+
+def test_a_cast_converts_the_mapped_file_chunk_by_chunk_exactly(tmp_path, monkeypatch):
+    """The one-pass cast walks the file in chunks (16 MiB; 100 bytes here, so every tensor spans many,
+    with a chunk that ends mid-page and a short last one) and each lands at its own place."""
+    from zoo.weights import sources
+
+    monkeypatch.setattr(sources, "_CAST_CHUNK", 100)
+    state = {"a": torch.randn(37, 11), "b": torch.randn(5000), "c": torch.randn(3, 2, 7).double()}
+    save_file(state, tmp_path / "t.safetensors")
+    with SafetensorsSource([tmp_path / "t.safetensors"]) as source:
+        for key, want in state.items():
+            for into in (torch.bfloat16, torch.float16):
+                dest = torch.empty(want.shape, dtype=into)
+                source.read_into(key, dest)
+                assert torch.equal(dest, want.to(into)), (key, into)
+        rows = torch.empty(20, 11, dtype=torch.bfloat16)
+        source.read_into("a", rows, ((10, 30), (0, 11)))
+        assert torch.equal(rows, state["a"][10:30].to(torch.bfloat16))

@@ -22,7 +22,7 @@ from pathlib import Path
 from zoo.errors import CheckpointError, InvalidArgument
 from zoo.inspection import dtype_name
 from zoo.weights.paths import open_regular, regular_file
-from zoo.weights.sources import Source, Spec, read_exact
+from zoo.weights.sources import Source, Spec, archive_records, read_exact
 
 METADATA = ".metadata"
 MAX_METADATA_BYTES = 1 << 30  # a model of 10^5 tensors on 10^3 ranks stays well below
@@ -345,12 +345,7 @@ def _chunk_layout(fd: int, path: Path, t: _Tensor, c: _Chunk):
     view = _FileSlice(fd, c.start, c.length)
     try:
         with zipfile.ZipFile(view) as archive:
-            records = {}
-            for info in archive.infolist():
-                if info.filename in records:
-                    raise CheckpointError(f"{where} holds {info.filename!r} twice; not a torch.save archive")
-                records[info.filename] = info
-            prefix = next(iter(records), "").split("/")[0] + "/"
+            records, prefix = archive_records(archive, where)
             pkl, order = records.get(prefix + "data.pkl"), records.get(prefix + "byteorder")
             if pkl is None or pkl.file_size > MAX_CHUNK_PICKLE_BYTES:
                 raise CheckpointError(f"{where} has no data.pkl of a tensor; not a torch.save archive")

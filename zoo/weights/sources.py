@@ -240,12 +240,7 @@ def _check_zip_records(path: Path) -> None:
     from torch._weights_only_unpickler import Unpickler
 
     with zipfile.ZipFile(path) as archive:
-        records = {}
-        for info in archive.infolist():
-            if info.filename in records:
-                raise CheckpointError(f"{path}: the archive holds {info.filename!r} twice; not a torch.save file")
-            records[info.filename] = info
-        prefix = next(iter(records), "").split("/")[0] + "/"  # torch's reader: the first record's folder
+        records, prefix = archive_records(archive, f"{path}:")
         if prefix + "data.pkl" not in records:
             raise CheckpointError(f"{path}: a zip archive without {prefix}data.pkl; not a torch.save file")
         pickled = archive.read(prefix + "data.pkl")
@@ -266,6 +261,17 @@ def _check_zip_records(path: Path) -> None:
     unpickler = Unpickler(io.BytesIO(pickled), encoding="utf-8")
     unpickler.persistent_load = persistent_load
     unpickler.load()
+
+
+def archive_records(archive: zipfile.ZipFile, where: str) -> tuple[dict, str]:
+    """A torch.save archive's records by name, each once, and their folder (torch's reader: the first
+    record's); a name twice is a CheckpointError starting with `where`."""
+    records = {}
+    for info in archive.infolist():
+        if info.filename in records:
+            raise CheckpointError(f"{where} the archive holds {info.filename!r} twice; not a torch.save file")
+        records[info.filename] = info
+    return records, next(iter(records), "").split("/")[0] + "/"
 
 
 def unwrap_state_dict(obj, where="checkpoint") -> dict:
