@@ -152,20 +152,41 @@ class Sample:
         """The zoo model, on meta."""
         return self.registry(name).get(name, **dict(CASES[name].kwargs))
 
-    def zoo(self, name: str) -> nn.Module:
-        """The zoo model, materialized on CPU from the eager model's saved weights."""
-        import pytest
+    def zoo(self, name: str, load: str = "views") -> nn.Module:
+        """The zoo model, materialized on CPU from the eager model's saved weights, by one of LOADS."""
+        if load == "cast":
+            return self.get(name).materialize(device="cpu", weights=self.bf16_weights(name))
+        return self.get(name).materialize(device="cpu", weights=self.weights(name), copy=load == "copy" or None)
 
-        from zoo.errors import WeightsMismatch
+    def bf16_weights(self, name: str) -> str:
+        """The eager model's floating tensors rounded to bfloat16, in one file: a load casts them back."""
+        from safetensors.torch import save_file
 
-        try:
-            return self.get(name).materialize(device="cpu", weights=self.weights(name))
-        except WeightsMismatch as e:
-            if name != MOE:
-                raise
-            # known defect: transformers 5 saves a MoE's experts one key each (block_sparse_moe.experts.N.w1),
-            # while its model holds them fused (mlp.experts.gate_up_proj); zoo does not convert them yet
-            pytest.xfail(f"zoo does not convert transformers 5's per-expert MoE keys: {str(e)[:120]}")
+        path = self.root / (name.replace("/", "_") + ".bf16.safetensors")
+        if not path.exists():
+            state, seen = {}, set()
+            for key, t in self.eager(name).state_dict().items():
+                if t.data_ptr() not in seen or not t.numel():  # a tie is saved once, as save_pretrained does
+                    seen.add(t.data_ptr())
+                    state[key] = t.to(torch.bfloat16) if t.is_floating_point() else t.contiguous()
+            save_file(state, str(path))
+        return str(path)
+
+    def eager_for(self, name: str, load: str = "views") -> nn.Module:
+        """The eager model the zoo model loaded `load`'s way must equal: for a cast, its values rounded as
+        the file rounded them."""
+        eager = self.eager(name)
+        if load == "cast":
+            with torch.no_grad():
+                for t in eager.state_dict(keep_vars=True).values():  # what a file holds
+                    if t.is_floating_point():
+                        t.copy_(t.to(torch.bfloat16))
+        return eager
+
+
+# The three ways a CPU load fills a module: views of the file mapped copy-on-write (the default for a
+# file in the model's dtype), owned memory read into (copy=True), and a cast from a bfloat16 file.
+LOADS = ("views", "copy", "cast")
 
 
 # --- training ------------------------------------------------------------------------------------------

@@ -47,6 +47,14 @@ TINY = {
                   vocab_size=128, max_position_embeddings=64)),
     "t5": ("T5Config", "AutoModelForSeq2SeqLM",
            dict(d_model=64, d_ff=128, d_kv=16, num_layers=2, num_decoder_layers=2, num_heads=4, vocab_size=128)),
+    # MoE: save_pretrained writes one key per expert, the model holds them fused (transformers converts)
+    "mixtral": ("MixtralConfig", "AutoModelForCausalLM",
+                dict(hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+                     num_key_value_heads=2, vocab_size=128, num_local_experts=4, num_experts_per_tok=2)),
+    "qwen2_moe": ("Qwen2MoeConfig", "AutoModelForCausalLM",
+                  dict(hidden_size=64, intermediate_size=128, moe_intermediate_size=32, num_hidden_layers=2,
+                       num_attention_heads=4, num_key_value_heads=2, vocab_size=128, num_experts=4,
+                       num_experts_per_tok=2, shared_expert_intermediate_size=64)),
 }
 NAMES = {kind: "hf/test/tiny-llama" if kind == "llama" else f"hf/tiny-{kind}" for kind in TINY}
 
@@ -106,6 +114,44 @@ def test_tiny_round_trip_equals_from_pretrained(tiny, kind):
     for key, b in want_buffers.items():
         assert torch.equal(got_buffers[key], b), key
     assert torch.equal(forward(m, kind), forward(ref, kind))
+
+
+def _moe_file(tiny, tmp_path, edit) -> str:
+    """The tiny Mixtral's save_pretrained keys (one per expert) in one file, after `edit(tensors)`."""
+    from safetensors.torch import load_file, save_file
+
+    tensors = {}
+    for shard in tiny[1]["mixtral"].glob("*.safetensors"):
+        tensors.update(load_file(shard))
+    edit(tensors)
+    save_file(tensors, tmp_path / "moe.safetensors")
+    return str(tmp_path / "moe.safetensors")
+
+
+def test_moe_experts_each_fill_their_part_and_a_missing_one_is_named(tiny, tmp_path):
+    registry, dirs = tiny
+    ref = transformers.AutoModelForCausalLM.from_pretrained(dirs["mixtral"])
+    fused = "model.layers.0.mlp.experts.gate_up_proj"
+    assert ref.state_dict()[fused].shape == (4, 2 * 96, 64)
+    gone = "model.layers.0.block_sparse_moe.experts.2.w3.weight"
+    weights = _moe_file(tiny, tmp_path, lambda t: t.pop(gone))
+    with pytest.raises(zoo.WeightsMismatch, match=fused):
+        registry.get(NAMES["mixtral"]).materialize(weights=weights)
+    m = registry.get(NAMES["mixtral"])
+    m.materialize(weights=weights, strict=False)
+    assert m.materialize.incompatible_keys.missing_keys == [fused]
+    assert m.materialize.incompatible_keys.unexpected_keys == []
+    got, want = m.state_dict(), ref.state_dict()
+    assert all(torch.equal(got[k], want[k]) for k in want if k != fused)  # the rest of the experts in place
+    # the constructor's values for the whole tensor, as if it were never asked for; not half a file's tensor
+    assert not any(torch.equal(got[fused][e], want[fused][e]) for e in range(4))
+
+
+def test_moe_expert_of_the_wrong_shape_is_refused(tiny, tmp_path):
+    key = "model.layers.1.block_sparse_moe.experts.0.w1.weight"
+    weights = _moe_file(tiny, tmp_path, lambda t: t.update({key: t[key][:-1]}))
+    with pytest.raises(zoo.WeightsMismatch, match="experts.0.w1"):
+        tiny[0].get(NAMES["mixtral"]).materialize(weights=weights)
 
 
 def test_ties_stay_tied_on_meta_and_after_materialize(tiny):

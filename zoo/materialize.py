@@ -11,6 +11,7 @@ from torch import nn
 from torch.nn.modules.module import _IncompatibleKeys as IncompatibleKeys  # load_state_dict's
 
 from zoo.errors import CheckpointError, InvalidArgument, MaterializeError, WeightsMismatch
+from zoo.families.hf_keys import hf_key_map
 from zoo.inspection import dtype_name, float_dtype
 from zoo.meta import value_of
 from zoo.weights.fit import Fit, Target, fit
@@ -88,6 +89,8 @@ def load_into(module: nn.Module, device="cpu", weights=None, dtype=None, strict:
         if weights is None:
             _initialize(slots, device, recipe)
         else:
+            if key_map is None:  # transformers' own renames and expert fusing, as from_pretrained does
+                key_map = hf_key_map(module, [n for s in slots_of(module) for n in s.names])
             with open_source(weights) as source:
                 result = _load(slots, source, device, dtype, strict, key_map, copy, cast_non_persistent, recipe,
                                kept)
@@ -199,7 +202,9 @@ def check_fit(slots: list[Slot], specs: dict, strict: bool, key_map=None, ignore
 def _load(slots, source: Source, device, dtype, strict, key_map, copy, cast_non_persistent, recipe,
           ignore=frozenset()) -> Fit:
     plan, result = check_fit(slots, source.specs, strict, key_map, ignore)
-    loaded = {id(s) for s in plan.values()}
+    parts = {key: (plan.pop(key), part) for key, part in result.parts.items()}  # each fills part of a tensor
+    fused = list({id(slot): slot for slot, _ in parts.values()}.values())
+    loaded = {id(s) for s in [*plan.values(), *fused]}
     missing = [s for s in slots if s.persistent and s.tensor.is_meta and id(s) not in loaded]
     constructed = _constructed(missing, recipe) if missing else {}  # refused now, before allocating
     for slot in slots:  # tensors made real inside zoo.meta.real() are moved, not wiped
@@ -207,28 +212,41 @@ def _load(slots, source: Source, device, dtype, strict, key_map, copy, cast_non_
             slot.new = slot.tensor.to(device)
     if copy is not True and device.type == "cpu" and isinstance(source, SafetensorsSource):
         plan = _map_file_views(plan, source, dtype, cast_non_persistent)
-    _allocate_slots(list(plan.values()), device, dtype, cast_non_persistent)
-    reads = list(plan.items())
+    _allocate_slots([*plan.values(), *fused], device, dtype, cast_non_persistent)
+    reads = [(key, slot.new, slot.box) for key, slot in plan.items()]
+    reads += [(key, dest, None) for key, (slot, part) in parts.items() for dest in _piece(key, slot, part)]
     if device.type in STREAMED and isinstance(source, SafetensorsSource):
         # contiguous byte ranges stream through the pinned ring; a box strided in the file is read on the host
-        streamed = [(key, slot) for key, slot in reads if _rows(key, slot, source) is not False]
-        stream_into([(key, slot.new, _rows(key, slot, source)) for key, slot in streamed], source, device)
-        reads = [(key, slot) for key, slot in reads if _rows(key, slot, source) is False]
-    parallel(lambda read: _read(source, *read), reads, lambda read: read[1].new.nbytes)
+        streamed = [(key, dest, _rows(key, box, source)) for key, dest, box in reads]
+        stream_into([job for job in streamed if job[2] is not False], source, device)
+        reads = [read for read, job in zip(reads, streamed) if job[2] is False]
+    parallel(lambda read: _read(source, *read), reads, lambda read: read[1].nbytes)
     if missing:  # strict=False: the constructor's own values, as if these keys were never asked for
         _from_constructor(missing, device, recipe, constructed)
     return result
 
 
-def _read(source: Source, key: str, slot: Slot) -> None:
-    populate(slot.new)
-    source.read_into(key, slot.new, slot.box)
+def _read(source: Source, key: str, dest: torch.Tensor, box) -> None:
+    populate(dest)
+    source.read_into(key, dest, box)
 
 
-def _rows(key: str, slot: Slot, source: Source):
-    """The rows of dim 0 a slot's box covers (None: all) when they are one byte range of the file, else False."""
-    return leading_rows(slot.box, source.specs[key].shape)
+def _rows(key: str, box, source: Source):
+    """The rows of dim 0 a box covers (None: all) when they are one byte range of the file, else False."""
+    return leading_rows(box, source.specs[key].shape)
 
+
+def _piece(key: str, slot: Slot, part) -> list[torch.Tensor]:
+    """Where a key that fills part of a fused tensor goes in this rank's tensor (no place when another
+    rank holds that expert). Contiguous: a row of dim 0, cut along the next dim."""
+    rows = leading_rows(slot.box, tuple(slot.tensor.shape))
+    if rows is False:
+        raise MaterializeError(f"{key} fills part of {slot.name}, which is sharded on a dim other than its experts' "
+                               f"(dim 0): materialize it before sharding it that way")
+    start, stop = rows or (0, slot.local_shape[0])
+    if not start <= part.index < stop:
+        return []
+    return list(slot.new[part.index - start].chunk(part.pieces))[part.piece:part.piece + 1]
 
 def _allocate_slots(slots, device, dtype, cast_non_persistent) -> None:
     """Each slot's new, empty tensor. A function of its own so that no local variable holds one: a
@@ -244,7 +262,7 @@ def _map_file_views(plan, source: SafetensorsSource, dtype, cast_non_persistent)
     maps: dict[int, mmap.mmap] = {}
     rest = {}
     for key, slot in plan.items():
-        rows = _rows(key, slot, source)
+        rows = _rows(key, slot.box, source)
         file_dtype = getattr(torch, source.specs[key].dtype)
         fd, start, length = source.byte_range(key, rows or None)
         if (rows is False or start % file_dtype.itemsize or length == 0

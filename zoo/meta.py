@@ -84,6 +84,9 @@ class ForceMeta(TorchFunctionMode):
         name = getattr(func, "__name__", "")
         if func in self.constructors:
             return self._construct(func, name, args, kwargs)
+        if any(issubclass(t, torch.fx.Proxy) for t in types):
+            # torch.fx tracing (timm's features_only fx): a shadow passed on would become a graph constant
+            return func(*args, **kwargs)
         metas = [t for t in _tensors(args, kwargs) if t.is_meta]
         if metas and name not in _RANDOM and all(value_of(t) is not None for t in metas):
             return self._with_shadows(func, args, kwargs)

@@ -4,6 +4,7 @@ Torch-free, so `zoo check` compares a registry row with a file's header without 
 """
 
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 WRAPPER_PREFIXES = ("module.", "model.", "_orig_mod.")  # DataParallel/DDP, Lightning, torch.compile
 
@@ -18,9 +19,26 @@ class Target:
     persistent: bool
 
 
+class Part(NamedTuple):
+    """The part of a fused tensor one checkpoint key fills: row `index` of dim 0, cut into `pieces`
+    equal pieces along its first dim, of which this key is piece `piece` (a MoE's stacked experts,
+    gate and up concatenated)."""
+
+    index: int
+    piece: int
+    pieces: int
+
+    def shape(self, shape: tuple) -> tuple | None:
+        """The key's shape in a target of `shape`; None when the part is not in it."""
+        if len(shape) < 2 or self.index >= shape[0] or shape[1] % self.pieces:
+            return None
+        return (shape[1] // self.pieces, *shape[2:])
+
+
 @dataclass
 class Fit:
     matched: dict[str, int] = field(default_factory=dict)  # checkpoint key -> target index
+    parts: dict[str, Part] = field(default_factory=dict)  # checkpoint key -> the part of its target it fills
     missing: list[str] = field(default_factory=list)
     unexpected: list[str] = field(default_factory=list)
     misshaped: list[tuple[str, tuple, tuple]] = field(default_factory=list)  # key, file shape, model shape
@@ -38,27 +56,47 @@ class Fit:
 
 def fit(targets: list[Target], specs: dict, key_map=None, ignore=frozenset()) -> Fit:
     """specs: checkpoint key -> object with .shape and .dtype (a torch dtype name). Keys that name a
-    tensor in `ignore` are skipped, as a key the key_map maps to None is."""
+    tensor in `ignore` are skipped, as a key the key_map maps to None is. A key_map may map a key to
+    (name, Part): the key fills that part of the tensor, and the tensor is loaded when every part is."""
     by_name = {n: i for i, t in enumerate(targets) if t.persistent for n in t.names}
     result = Fit()
+    whole, pieces = set(), {}  # target index -> the parts loaded
     for key, name in _key_mapping(list(specs), key_map, by_name).items():
+        name, part = name if isinstance(name, tuple) else (name, None)
         if name is None or name in ignore:
             continue
         index = by_name.get(name)
         if index is None:
             result.unexpected.append(key)
             continue
-        if index in result.matched.values():
-            continue  # a tie is loaded once, from its first key
-        result.matched[key] = index
         target, spec = targets[index], specs[key]
-        if tuple(spec.shape) != tuple(target.shape):
+        if part is None:
+            if index in whole:
+                continue  # a tie is loaded once, from its first key
+            whole.add(index)
+            expected = tuple(target.shape)
+        else:
+            if part in pieces.setdefault(index, set()):
+                result.unexpected.append(key)  # a second key for the same part: which one is meant?
+                continue
+            pieces[index].add(part)
+            result.parts[key] = part
+            expected = part.shape(tuple(target.shape))
+        result.matched[key] = index
+        if expected is None or tuple(spec.shape) != expected:
             result.misshaped.append((key, tuple(spec.shape), tuple(target.shape)))
         elif spec.dtype != target.dtype:
             result.dtype_mismatched.append((key, spec.dtype, target.dtype))
-    loaded = set(result.matched.values())
+    loaded = whole | {i for i, got in pieces.items() if len(got) == _count(targets[i].shape, got)}
+    for key in [k for k in result.parts if result.matched[k] not in loaded]:  # half a tensor is no value
+        del result.matched[key], result.parts[key]
     result.missing = [t.names[0] for i, t in enumerate(targets) if t.persistent and i not in loaded]
     return result
+
+
+def _count(shape: tuple, parts: set) -> int:
+    """How many parts fill a tensor of `shape` cut as these parts say."""
+    return shape[0] * next(iter(parts)).pieces if len(shape) >= 2 else -1
 
 
 def _key_mapping(keys: list[str], key_map, by_name) -> dict[str, str | None]:
