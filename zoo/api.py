@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from zoo.attach import LazyLoad, Materializer, cast_meta, check_against_record
+from zoo.columns import check_name
 from zoo.constants import registry_url
 from zoo.errors import BuildFailed, CheckpointError, InvalidArgument, NotBuildable, WeightsMismatch
 from zoo.model_info import ModelInfo
@@ -80,6 +81,7 @@ class Zoo:
     def variants(self, name: str) -> tuple[str, list[ModelInfo]]:
         """The architecture of `name` ("timm/resnet50", or one of its variants, "resnet50.a1_in1k") and every
         pretrained variant recorded for it, by name."""
+        check_name(name)
         with db.session(self.url) as s:
             return store.variants_of(s, name)
 
@@ -160,7 +162,7 @@ class Zoo:
         snapshot: through zoo.registry.lite on a SQLite file (no SQLAlchemy import), else SQLAlchemy."""
         from zoo.registry import lite
 
-        found = lite.info(self.url, name, tensors) if isinstance(name, str) else None
+        found = lite.info(self.url, check_name(name), tensors)
         if found is not None:
             return found
         with db.session(self.url) as s:
@@ -336,7 +338,7 @@ class Zoo:
 
         parsed = parse_inputs(inputs) if inputs is not None else None  # refused before anything is built
         recipe = Recipe("user", builder, kwargs or {})
-        full = name if "/" in name else f"user/{name}"
+        full = check_name(name if "/" in check_name(name) else f"user/{name}", new=True)
         return indexer.index_one(self.url, full, recipe, trusted={builder.split(":")[0].split(".")[0]}, force=force,
                                  inputs=parsed)
 
@@ -344,10 +346,12 @@ class Zoo:
         """Record a weights file's tensors (no module); returns its row."""
         from zoo import indexer
 
-        return indexer.index_checkpoint(self.url, str(path), name or f"checkpoint/{Path(path).stem}", force=force)
+        name = check_name(name or f"checkpoint/{Path(path).stem}", new=True)
+        return indexer.index_checkpoint(self.url, str(path), name, force=force)
 
     def remove(self, name: str) -> str:
         """Delete a model, its tensors and its recorded weights; returns its full name."""
+        check_name(name)
         with db.session(self.url) as s:  # an unknown name is refused before the file is opened for writing
             full = store.resolve(s, name).name
         with db.session(self.url, write=True) as s, s.begin():

@@ -7,7 +7,7 @@ import sys
 
 from zoo import render
 from zoo.cli_index import cmd_index, hub_listing, progress_reporter
-from zoo.render import human, table
+from zoo.render import human, printable, table
 from zoo.errors import InvalidArgument, ModelNotFound, ZooError
 
 
@@ -57,7 +57,7 @@ def _show_tree(zoo, info, args) -> int:
     if result.error:
         stopped = "no forward: " if result.error.startswith("this module has no recorded input") else \
             "the forward stopped on meta: "
-        console.print(f"[yellow]{stopped}[/yellow]{escape(result.error)}")
+        console.print(f"[yellow]{stopped}[/yellow]{printable(escape(result.error))}")
     return 0
 
 
@@ -101,7 +101,7 @@ def cmd_estimate(zoo, args) -> int:
         rows.append(["sum of the parts (upper bound)", human(result.upper_bound, "B")])
     print(table(rows))
     for note in result.notes:
-        print(f"note: {note}")
+        print(f"note: {printable(note)}")
     return 0
 
 
@@ -110,12 +110,13 @@ def cmd_check(zoo, args) -> int:
     if args.json:
         print(json.dumps(result.as_dict(), indent=1))
     else:
-        print(f"{args.weights}: {len(result.matched)} tensors match {args.name}" + (" exactly" if result.exact else ""))
+        print(printable(f"{args.weights}: {len(result.matched)} tensors match {args.name}"
+                        + (" exactly" if result.exact else "")))
         for label, items in (("missing", result.missing), ("unexpected", result.unexpected),
                              ("misshaped", [f"{k}: file {list(f)}, model {list(m)}" for k, f, m in result.misshaped]),
                              ("dtype differs", [f"{k}: file {f}, model {m}" for k, f, m in result.dtype_mismatched])):
             for item in items:
-                print(f"  {label}: {item}")
+                print(f"  {label}: {printable(item)}")
     return 0 if not (result.missing or result.unexpected or result.misshaped) else 1
 
 
@@ -149,7 +150,7 @@ def _weights_list(zoo, args) -> int:
 
 
 def cmd_rm(zoo, args) -> int:
-    print(f"removed {zoo.remove(args.name)}")
+    print(f"removed {printable(zoo.remove(args.name))}")
     return 0
 
 
@@ -344,7 +345,7 @@ def main(argv=None) -> int:
     try:
         return args.run(Zoo(args.registry), args)
     except (ZooError, json.JSONDecodeError) as e:
-        print(f"zoo: error: {e}", file=sys.stderr)
+        print(f"zoo: error: {printable(e)}", file=sys.stderr)
         return 1
     except BrokenPipeError:
         return 0

@@ -5,7 +5,7 @@ import json
 import os
 import sys
 
-from zoo.render import human
+from zoo.render import human, printable
 
 
 def progress_reporter(quiet: bool, doing: str = "indexing"):
@@ -64,7 +64,7 @@ def _index(zoo, args) -> int:
         print(f"{args.source}: {len(outcome.indexed)} indexed, {len(outcome.unchanged)} unchanged, "
               f"{len(outcome.failed)} failed")
         for name, error in sorted(outcome.failed.items()):
-            print(f"  failed {name}: {error}")
+            print(printable(f"  failed {name}: {error}"))
     return 1 if args.source == "hf" and outcome.failed else 0
 
 
@@ -79,5 +79,5 @@ def _index_single(args, run) -> int:
     elif record["status"] == "ok":
         print(f"indexed {record['name']}: {human(record['params'])} params, {human(record['bytes'], 'B')}")
     else:
-        print(f"recorded {record['name']} as failed: {record['error']}")
+        print(printable(f"recorded {record['name']} as failed: {record['error']}"))
     return 0 if record["status"] == "ok" else 1

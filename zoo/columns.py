@@ -5,6 +5,7 @@ Pure data: importing it imports neither torch nor SQLAlchemy.
 """
 
 import json
+import re
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -166,6 +167,22 @@ COLUMNS: tuple[Column, ...] = (
 )
 
 BY_NAME = {c.name: c for c in COLUMNS}
+
+# A model name: parts of ASCII letters, digits and . _ - + joined by "/", at most 255 characters (what every
+# family's names use; nothing a terminal or a file system reads as anything but text). Checked on write.
+NAME_CHARACTERS = re.compile(r"[A-Za-z0-9._+-]+(/[A-Za-z0-9._+-]+)*")
+
+
+def check_name(name, new: bool = False) -> str:
+    """A model name as given to a read (a string) or to a write (new=True: also the character set above)."""
+    from zoo.errors import InvalidArgument
+
+    if not isinstance(name, str):
+        raise InvalidArgument(f"a model name is a string such as 'timm/resnet50', not {type(name).__name__} {name!r:.80}")
+    if new and not (len(name) <= 255 and NAME_CHARACTERS.fullmatch(name)):
+        raise InvalidArgument(f"a model name is 1 to 255 ASCII letters, digits and . _ - +, in parts joined by '/' "
+                              f"(such as user/my_net-v2), not {name!r:.300}")
+    return name
 # Searchable field -> "number" or "string"; each is the registry column of the same name.
 SEARCH_FIELDS: dict[str, str] = {c.name: c.search_type for c in COLUMNS if c.searchable}
 PUBLIC = tuple(c for c in COLUMNS if c.public)

@@ -301,7 +301,7 @@ def index_configs(url: str, sources: list[str], name: str | None = None, revisio
                 record, table = record_of(model, recipe)
                 try:
                     save(url, record, table, replace=force)
-                except ModelExists as e:
+                except (ModelExists, InvalidArgument) as e:  # taken, or a name outside the character set
                     record = {**record, "status": "error", "error": str(e)}
                 if record["status"] == "ok":
                     outcome.indexed.append(model)

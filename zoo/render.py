@@ -1,9 +1,20 @@
 """Text for people: sizes, tables, a model's recorded rows, its tensors and its module tree (the CLI's output)."""
 
 import json
+import re
 
 SEARCH_COLUMNS = ("name", "params", "bytes", "task", "arch")
 VARIANT_COLUMNS = ("name", "top1", "params", "flops", "input_size", "license", "dataset")
+
+
+# C0 and C1 controls (ESC starts a terminal escape; 0x9b is CSI on its own), line separators, bidi overrides
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
+
+
+def printable(text) -> str:
+    """Text for a terminal: each control character written as its escape (\\x1b), so that a name or a
+    recorded error can never move the cursor, retitle the window or clear the screen."""
+    return _CONTROL.sub(lambda m: m.group().encode("unicode_escape").decode(), str(text))
 
 
 def human(n: int | None, unit: str = "") -> str:
@@ -103,6 +114,7 @@ def cell(info, column: str) -> str:
 
 
 def table(rows: list[list[str]]) -> str:
+    rows = [[printable(c) for c in r] for r in rows]
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows)
 
@@ -185,8 +197,8 @@ def module_tree(name: str, modules):
         else:
             out = "[red](stopped inside)[/red]" if m.entered else "[dim](not called)[/dim]"
         leaf = m.name.rsplit(".", 1)[-1] or name
-        return (f"[bold]{escape(leaf)}[/bold] [cyan]{escape(m.type)}[/cyan]  {human(m.params)} params, "
-                f"{human(m.bytes, 'B')}  {escape(out) if m.calls else out}")
+        return printable(f"[bold]{escape(leaf)}[/bold] [cyan]{escape(m.type)}[/cyan]  {human(m.params)} params, "
+                         f"{human(m.bytes, 'B')}  {escape(out) if m.calls else out}")
 
     nodes = {}
     root = None

@@ -13,6 +13,8 @@ where ARG is a shape without the batch (``[3, 224, 224]``: a float tensor of sha
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import nn
 
@@ -147,6 +149,8 @@ def as_input(value):
     if isinstance(value, torch.Tensor):
         return value if value.is_meta else value.to("meta")
     if isinstance(value, (tuple, torch.Size)) and all(isinstance(d, int) for d in value):
+        if any(d < 0 for d in value) or math.prod(value) >= 2**63:
+            raise AnalysisError(f"an input shape is sizes >= 0 whose product fits in 64 bits, not {tuple(value)}")
         return torch.empty(tuple(value), device="meta", dtype=torch.float32)
     if isinstance(value, (list, tuple)):
         return type(value)(as_input(v) for v in value)

@@ -323,8 +323,9 @@ def check_options(batch: int, dtype, training: bool, optimizer: str, seq_len: in
                   weights_dtype=None, group_size: int = 128, checkpointing: bool = False) -> torch.dtype:
     """The options of an estimate, checked before any model is built; returns the torch dtype."""
     for label, value in (("batch", batch), ("seq_len", seq_len), ("group_size", group_size)):
-        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
-            raise AnalysisError(f"{label} must be a whole number of at least 1, not {value!r}")
+        if (value is not None or label == "batch") and (not isinstance(value, int) or isinstance(value, bool)
+                                                        or not 1 <= value < 2**31):  # torch's sizes stay int64
+            raise AnalysisError(f"{label} must be a whole number from 1 to 2**31 - 1, not {value!r:.40}")
     if training and optimizer not in OPTIMIZERS:
         raise AnalysisError(f"optimizer must be one of {', '.join(OPTIMIZERS)}, not {optimizer!r}")
     if kv_dtype is not None and str(kv_dtype).lower() not in KV_DTYPES:

@@ -7,7 +7,7 @@ from datetime import datetime, timezone
 from sqlalchemy import delete, func, select
 from sqlalchemy.orm import Session
 
-from zoo.columns import ANALYSIS, BY_NAME, COLUMNS, PUBLIC
+from zoo.columns import ANALYSIS, BY_NAME, COLUMNS, PUBLIC, check_name
 from zoo.errors import AmbiguousName, InvalidArgument, ModelExists, ModelNotFound
 from zoo.model_info import ModelInfo, encode_tensors
 from zoo.registry.sql import bytewise, compile_search, sort_clause
@@ -132,6 +132,7 @@ def write_model(session: Session, record: dict, tensor_table, replace: bool = Fa
     """Insert one model, or update its row in place (its recorded weights stay), with its tensors, in the
     current transaction; True if the name was new. A row of another family or builder is replaced only with
     replace=True, and then its weights tags go with it: they were another model's files."""
+    check_name(record["name"], new=True)  # every write: no control characters, nothing but the documented set
     values = {c.name: record.get(c.name, c.default) for c in COLUMNS}  # a failed build clears the old figures
     values.update(short=short_name(record["name"]), indexed_at=datetime.now(timezone.utc).replace(tzinfo=None))
     values["arch_name"] = values["arch_name"] or record["name"]  # an architecture is its own

@@ -16,7 +16,7 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from zoo.errors import CheckpointError
+from zoo.errors import CheckpointError, InvalidArgument
 from zoo.inspection import dtype_name
 from zoo.weights import safetensors_format as st
 from zoo.weights.placement import Box, box_slices, leading_rows
@@ -329,13 +329,21 @@ def shard_names(index: Path) -> list[str]:
     return shards
 
 
+def weights_file(weights) -> Path:
+    """The path `weights` names: a str or os.PathLike; anything else (a number, bytes, a list) is refused."""
+    if not isinstance(weights, (str, os.PathLike)):
+        raise InvalidArgument(f"weights is a path, a weights tag, 'pretrained', 'hf://ORG/NAME' or a state dict, not "
+                              f"{type(weights).__name__} {weights!r:.80}")
+    return Path(weights)
+
+
 def open_source(weights) -> Source:
     """A Source for a path (file, shard index, directory), an in-memory state dict, or a Source itself."""
     if isinstance(weights, Source):
         return weights
     if isinstance(weights, dict):
         return TensorDictSource(unwrap_state_dict(weights, "state dict"))
-    path = Path(weights)
+    path = weights_file(weights)
     if path.is_dir() and (path / ".metadata").exists():  # a torch.distributed.checkpoint directory
         from zoo.weights.dcp import DcpSource
 
@@ -355,7 +363,7 @@ def specs_of(weights) -> dict[str, Spec]:
     """A checkpoint's tensor names, shapes and dtypes from metadata alone: headers, or a pickle on meta."""
     if isinstance(weights, dict):
         return TensorDictSource(unwrap_state_dict(weights, "state dict")).specs
-    path = Path(weights)
+    path = weights_file(weights)
     if path.suffix in PICKLE_SUFFIXES and not path.is_dir():
         return _specs(load_pickle(path, on_meta=True))
     with open_source(path) as source:
