@@ -141,21 +141,28 @@ class ForceMeta(TorchFunctionMode):
             _set_shadow(out, shadow.to(dtype=out.dtype))
 
     def _with_shadows(self, func, args, kwargs):
-        """Run func on the shadows too; a plain Python result (item, tolist, bool) comes from them."""
-        real_args = [_swap(a, self._real) for a in args]
-        real_kwargs = {k: _swap(v, self._real) for k, v in kwargs.items()}
-        real_out = func(*real_args, **real_kwargs)
-        real_leaves = list(_tensors((real_out,), {}))
-        if not real_leaves:
-            return real_out
+        """Run func on the shadows too; a plain Python result (item, tolist, bool) comes from them.
+
+        The meta op runs first: its result's size decides whether the real op runs at all (two small shadows
+        can make a huge product, 2**20 x 1024 is 4 GiB). Only where meta has no answer (no kernel, a
+        data-dependent shape, a Python value) does the real op run unchecked, on inputs within the limit."""
         try:
             out = func(*args, **kwargs)
         except (NotImplementedError, RuntimeError):
-            # No meta kernel, or a data-dependent shape (torch.unique): the shadow knows the answer.
+            out = None  # no meta kernel, or a data-dependent shape (torch.unique): the shadow knows the answer
+        metas = list(_tensors((out,), {}))
+        if metas and any(t.numel() > self.shadow_limit for t in metas):
+            for meta in metas:
+                if meta.is_meta:
+                    _set_shadow(meta, None)
+            return out
+        real_out = func(*[_swap(a, self._real) for a in args], **{k: _swap(v, self._real) for k, v in kwargs.items()})
+        real_leaves = list(_tensors((real_out,), {}))
+        if not real_leaves or not metas:
             from torch.utils._pytree import tree_map_only
 
             return tree_map_only(torch.Tensor, self._forced, real_out)
-        for meta, value in zip(_tensors((out,), {}), real_leaves):
+        for meta, value in zip(metas, real_leaves):
             if meta.is_meta:
                 _set_shadow(meta, value if value.numel() <= self.shadow_limit else None)
         return out
