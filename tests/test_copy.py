@@ -1,10 +1,14 @@
 """zoo db copy between SQLite and PostgreSQL, zoo db compact on each, length limits, and passwords masked."""
 
+import resource
+import subprocess
+import sys
+
 import pytest
 from sqlalchemy import create_engine, select
 
 import zoo
-from tests.conftest import run_cli
+from tests.conftest import ROOT, run_cli
 from tests.pg import PASSWORD
 from zoo.errors import InvalidArgument, RegistryError
 from zoo.registry import db
@@ -126,3 +130,32 @@ def test_a_held_lock_times_out_with_a_registry_error_and_idle_sessions_end(pg_se
     with db.engine(url).connect() as conn:
         assert conn.exec_driver_sql("SHOW idle_in_transaction_session_timeout").scalar() == \
             f"{db.IDLE_IN_TRANSACTION_S // 60}min"
+
+
+@pytest.fixture
+def small_tmpfs(tmp_path):
+    """A 1 MiB tmpfs: a disk that fills up (mounting needs root; skipped elsewhere)."""
+    folder = tmp_path / "small-disk"
+    folder.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(folder)], capture_output=True).returncode:
+        pytest.skip("mounting a tmpfs needs root")
+    yield folder
+    subprocess.run(["umount", str(folder)], check=True)
+
+
+def _limit_file_size():
+    resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 20, 1 << 20))  # Python ignores SIGXFSZ: writes fail with EFBIG
+
+
+@pytest.mark.parametrize("full", ["full disk", "file size limit"])
+def test_a_copy_that_cannot_be_written_blames_the_target(tmp_path, request, full):
+    # the shipped registry (18 MB): the target's schema fits in 1 MiB, its rows do not
+    source = str(ROOT / "registry.db")
+    folder = request.getfixturevalue("small_tmpfs") if full == "full disk" else tmp_path
+    target = folder / "target.db"
+    proc = subprocess.run([sys.executable, "-m", "zoo.cli", "db", "copy", source, str(target)], capture_output=True,
+                          text=True, cwd=ROOT, timeout=600, preexec_fn=None if full == "full disk" else _limit_file_size)
+    assert proc.returncode != 0 and "Traceback" not in proc.stderr, proc.stderr
+    assert str(target) in proc.stderr and source not in proc.stderr, proc.stderr
+    if full == "full disk":
+        assert "full" in proc.stderr, proc.stderr

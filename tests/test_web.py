@@ -106,6 +106,16 @@ def test_paging_out_of_bounds_is_a_400(site, params):
     assert status == 400 and body["error"] == "InvalidArgument" and next(iter(params)) in body["message"]
 
 
+@pytest.mark.parametrize("path, key", [("/api/search", "page"), ("/api/search", "per_page"),
+                                       ("/api/models/timm/resnet18", "tensor_page"),
+                                       ("/api/estimate/timm/resnet18", "batch")])
+@pytest.mark.parametrize("value", ["\u00b2", "1" * 5000, "\u0663"])  # a superscript two, 5,000 digits, an Arabic three
+def test_a_number_that_is_not_plain_ascii_digits_is_a_400(site, path, key, value):
+    # str.isdigit() says yes to all three; int() refuses the first two (a 500 once) and reads the third
+    status, body = get_json(site, path, **{key: value})
+    assert status == 400 and body["error"] == "InvalidArgument" and key in body["message"], body
+
+
 @pytest.mark.parametrize("q", ["params<<1", "params < 7B and", "task=image-classification and (flops>1G",
                                "paramz<1", "name~3 and params~*x*", "flops < lots", ""])
 def test_a_syntax_error_is_a_400_with_the_column(site, q):
@@ -198,10 +208,8 @@ def _hash_folder(folder):
     return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(folder.iterdir())}
 
 
-def test_no_request_writes_to_the_registry(small_registry, tmp_path):
-    # A copy in rollback-journal mode, as the shipped registry is: a WAL database would be checkpointed
-    # by its last reader closing, which rewrites the file without any request writing to it.
-    registry = tmp_path / "registry" / "copy.db"
+def _journal_copy(small_registry, registry):
+    """A copy in rollback-journal mode, as the shipped registry is."""
     registry.parent.mkdir()
     source = sqlite3.connect(small_registry.removeprefix("sqlite:///"))
     copy = sqlite3.connect(registry)
@@ -209,6 +217,13 @@ def test_no_request_writes_to_the_registry(small_registry, tmp_path):
     copy.execute("PRAGMA journal_mode=DELETE")
     copy.close()
     source.close()
+
+
+def test_no_request_writes_to_the_registry(small_registry, tmp_path):
+    # A WAL database would be checkpointed by its last reader closing, which rewrites the file without any
+    # request writing to it: a rollback-journal copy.
+    registry = tmp_path / "registry" / "copy.db"
+    _journal_copy(small_registry, registry)
     before = _hash_folder(registry.parent)
     paths = ["/", "/?q=family%3Dtimm&sort=-params", "/?q=params<<", "/model/timm/resnet18", "/model/nope",
              "/api/search?q=params>1", "/api/search?q=bad~~", "/api/models/timm/resnet18",
@@ -221,6 +236,26 @@ def test_no_request_writes_to_the_registry(small_registry, tmp_path):
                 status = get(base, path, method=method)[0]
                 assert status in (404, 405), (method, path, status)  # 404: no route at all
     assert _hash_folder(registry.parent) == before
+
+
+def test_a_locked_registry_is_a_503_with_retry_after_that_names_no_path(small_registry, tmp_path, monkeypatch):
+    monkeypatch.setenv("ZOO_LOCK_TIMEOUT", "0.2")
+    registry = tmp_path / "hidden-folder" / "private.db"
+    _journal_copy(small_registry, registry)
+    with serving_app(create_app(str(registry))) as base:
+        assert get(base, "/api/search")[0] == 200
+        writer = sqlite3.connect(registry, isolation_level=None, timeout=0)
+        writer.execute("BEGIN EXCLUSIVE")  # a writer holding the file: no reader gets in
+        try:
+            for path in ("/api/models/timm/resnet18", "/?q=params>1"):  # each waits 5 s in zoo.registry.lite first
+                status, headers, body = get(base, path)
+                text = body.decode()
+                assert status == 503 and int(headers["Retry-After"]) > 0, (path, status, text)
+                assert "RegistryLocked" in text and "hidden-folder" not in text and "private" not in text, text
+        finally:
+            writer.rollback()
+            writer.close()
+        assert get(base, "/api/search")[0] == 200
 
 
 def test_zoo_serve_binds_127_0_0_1_by_default_and_serves(small_registry):

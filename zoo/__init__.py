@@ -13,7 +13,7 @@ from zoo.api import Zoo, connect
 from zoo.errors import (
     AmbiguousName, AnalysisError, AnalysisTimeout, BuildFailed, CheckpointError, DownloadBlocked, HubUnavailable,
     InvalidArgument, InvalidComparison, InvalidRecipe, MaterializeError, ModelExists, ModelNotFound, NotBuildable,
-    RegistryDrift, RegistryError, RegistryNotFound, SchemaOutdated, SearchSyntaxError, TokenizerNotCached,
+    RegistryDrift, RegistryError, RegistryLocked, RegistryNotFound, SchemaOutdated, SearchSyntaxError, TokenizerNotCached,
     UnknownFamily, UntrustedBuilder, WeightsMismatch, ZooError,
 )
 from zoo.inspection import TensorInfo
@@ -81,6 +81,6 @@ __all__ = [
     "TensorInfo",
     "ZooError", "ModelNotFound", "AmbiguousName", "SearchSyntaxError", "InvalidComparison", "BuildFailed",
     "NotBuildable", "InvalidRecipe", "InvalidArgument", "UntrustedBuilder", "UnknownFamily", "SchemaOutdated",
-    "RegistryDrift", "RegistryError", "RegistryNotFound", "ModelExists", "CheckpointError", "WeightsMismatch", "HubUnavailable", "DownloadBlocked",
+    "RegistryDrift", "RegistryError", "RegistryLocked", "RegistryNotFound", "ModelExists", "CheckpointError", "WeightsMismatch", "HubUnavailable", "DownloadBlocked",
     "MaterializeError", "AnalysisError", "AnalysisTimeout", "TokenizerNotCached",
 ]

@@ -81,6 +81,10 @@ class RegistryError(ZooError, RuntimeError):
     kind of URL); the message names it, password masked, and says what to do."""
 
 
+class RegistryLocked(RegistryError):
+    """Another writer holds the registry's lock for longer than ZOO_LOCK_TIMEOUT: trying again later can succeed."""
+
+
 class SchemaOutdated(RegistryError):
     """The registry database is at another schema revision than this zoo (older: upgrade it; newer: upgrade zoo)."""
 

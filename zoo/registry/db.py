@@ -9,7 +9,7 @@ from sqlalchemy import Engine, create_engine, event, exc, inspect, text
 from sqlalchemy.orm import Session
 
 from zoo.constants import lock_timeout_s
-from zoo.errors import RegistryError, RegistryNotFound, SchemaOutdated, ZooError
+from zoo.errors import RegistryError, RegistryLocked, RegistryNotFound, SchemaOutdated, ZooError
 
 from zoo.registry import SCHEMA_REVISION  # noqa: F401 - the alembic head this code reads and writes
 _PACKAGE = Path(__file__).resolve().parent.parent
@@ -59,6 +59,8 @@ _MEANINGS = (
     ("lock timeout", "is locked by another writer for longer than ZOO_LOCK_TIMEOUT ({timeout:g} s): try "
                      "again when it has finished, or wait longer with a larger ZOO_LOCK_TIMEOUT"),
     ("value too long", "holds no value that long in this field: choose a shorter one"),
+    ("database or disk is full", "cannot be written: its disk is full; free space there, or write somewhere else"),
+    ("disk I/O error", "cannot be read or written (the disk, or a file size limit): check the disk it is on"),
     ("database is locked", "is locked by another writer for longer than ZOO_LOCK_TIMEOUT ({timeout:g} s): try "
                            "again when it has finished, or wait longer with a larger ZOO_LOCK_TIMEOUT"),
 )
@@ -78,7 +80,8 @@ def translated(url: str):
         meaning = next((m.format(timeout=lock_timeout_s()) for key, m in _MEANINGS if key in detail), None)
         if meaning is None and _sqlite_path(url) is None and isinstance(e, exc.OperationalError):
             meaning = "cannot be reached: check that the server is running and the URL (host, port, user, database)"
-        raise RegistryError(f"the registry at {masked(url)} {meaning or 'refused the operation'} ({detail})") from None
+        kind = RegistryLocked if "ZOO_LOCK_TIMEOUT" in (meaning or "") else RegistryError  # the lock meanings
+        raise kind(f"the registry at {masked(url)} {meaning or 'refused the operation'} ({detail})") from None
 
 
 def _wal(dbapi_connection) -> None:

@@ -27,21 +27,27 @@ def copy_registry(src: str, dst: str, replace: bool = False) -> dict[str, int]:
             _refuse_non_empty(dst, _count(conn))
     db.upgrade(dst)  # creates the schema (or brings it up to date) through the migrations
     counts = {}
+    # Reads are src's errors and writes dst's (a full disk is the target's): each write is translated
+    # for dst inside the block that translates for src, which lets zoo's errors pass.
     with db.translated(dst), db.schema_locked(dst) as target, db.translated(src), reader.connect() as source:
+        def write(*statement):
+            with db.translated(dst):
+                target.execute(*statement)
+
         _refuse_non_empty(dst, 0 if replace else _count(target))  # again, under the lock
         for table in reversed(TABLES):
-            target.execute(delete(table))
+            write(delete(table))
         for table in TABLES:
             counts[table.name] = 0
             rows = source.execute(select(table).order_by(*table.primary_key.columns))
             while batch := rows.fetchmany(_BATCH):
-                target.execute(table.insert(), [dict(r._mapping) for r in batch])
+                write(table.insert(), [dict(r._mapping) for r in batch])
                 counts[table.name] += len(batch)
         if target.dialect.name == "postgresql":
             for table in TABLES:
                 if "id" in table.c:  # serial ids: the next insert continues after the copied ones
-                    target.execute(text(f"SELECT setval(pg_get_serial_sequence('{table.name}', 'id'), "
-                                        f"coalesce(max(id), 1), max(id) IS NOT NULL) FROM {table.name}"))
+                    write(text(f"SELECT setval(pg_get_serial_sequence('{table.name}', 'id'), "
+                               f"coalesce(max(id), 1), max(id) IS NOT NULL) FROM {table.name}"))
     return counts
 
 

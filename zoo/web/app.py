@@ -9,6 +9,7 @@ the style are files of the package (no CDN), and the Content-Security-Policy all
 from __future__ import annotations
 
 import json
+import logging
 import threading
 import time
 from html import escape
@@ -38,6 +39,8 @@ HEADERS = {
     "Referrer-Policy": "no-referrer",
 }
 TREE_CACHE_SIZE = 32
+RETRY_AFTER_S = 5  # what a 503 (a locked registry, a full heavy queue) tells the client to wait
+log = logging.getLogger("zoo.web")
 
 
 def template(name: str) -> Template:
@@ -68,6 +71,8 @@ class Catalog:
             status, body = 200, run()
         except ZooError as e:
             status, body = views.error(e)
+            if status >= 500:  # the client's message leaves out where the registry is; the log says it all
+                log.error("%s: %s", type(e).__name__, e)
             body = {"failure": body} if html else body
         if html is None:
             response = JSONResponse(body, status_code=status, headers=HEADERS)
@@ -76,6 +81,8 @@ class Catalog:
             response = HTMLResponse(page(name, title, "/", {"mode": "server", **body}), status_code=status,
                                     headers=HEADERS)
         response.headers["Server-Timing"] = f"app;dur={(time.perf_counter() - start) * 1000:.1f}"
+        if status == 503:
+            response.headers["Retry-After"] = str(RETRY_AFTER_S)
         return response
 
     # --- pages ---

@@ -13,7 +13,7 @@ from zoo.api import Zoo
 from zoo.columns import SEARCH_FIELDS
 from zoo.errors import (
     AmbiguousName, AnalysisError, BuildFailed, InvalidArgument, ModelNotFound, NotBuildable, RegistryDrift,
-    SearchSyntaxError, ZooError,
+    RegistryError, RegistryLocked, SearchSyntaxError, ZooError,
 )
 from zoo.model_info import ModelInfo
 from zoo.query import parse_sort
@@ -50,8 +50,11 @@ def whole_number(params, key: str, default: int | None, low: int, high: int) -> 
     text = (params.get(key) or "").strip()
     if not text:
         return default
-    if not text.isdigit() or not low <= int(text) <= high:
-        raise InvalidArgument(f"{key} must be a whole number from {low} to {high}, not {text!r}")
+    # ASCII digits only, no longer than the bound: str.isdigit() also takes "²" (which int() refuses) and
+    # int() refuses more than 4,300 digits; both were a 500
+    if not (text.isascii() and text.isdigit() and len(text) <= len(str(high))) or not low <= int(text) <= high:
+        shown = text if len(text) <= 40 else text[:40] + "..."
+        raise InvalidArgument(f"{key} must be a whole number from {low} to {high}, not {shown!r}")
     return int(text)
 
 
@@ -162,6 +165,11 @@ def error(e: Exception) -> tuple[int, dict]:
         return 400, body
     if isinstance(e, (BuildFailed, NotBuildable, RegistryDrift)):
         return 422, body  # a real model that cannot be built here: nothing the request can change
+    # a registry's messages name its file or server, which are the server's business, not the client's
+    if isinstance(e, RegistryLocked):
+        return 503, {**body, "message": "the registry is locked by a writer: try again in a few seconds"}
+    if isinstance(e, RegistryError):
+        return 500, {**body, "message": "the registry cannot be read: the server's log says why"}
     if isinstance(e, ZooError):
         return 500, body
     raise e
