@@ -147,6 +147,42 @@ def test_moe_experts_each_fill_their_part_and_a_missing_one_is_named(tiny, tmp_p
     assert not any(torch.equal(got[fused][e], want[fused][e]) for e in range(4))
 
 
+def test_moe_rank_holding_some_experts_reads_just_those(tiny):
+    """FSDP2 shards a fused experts tensor on dim 0 (experts): rank 1 of 2 gets experts 2 and 3 from their
+    own keys, the other experts' keys are read by no one here (a fake process group: one rank, in process)."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor, Shard
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    registry, dirs = tiny
+    want = transformers.AutoModelForCausalLM.from_pretrained(dirs["mixtral"]).model.layers[0].mlp.experts
+    dist.init_process_group("fake", rank=1, world_size=2, store=FakeStore())
+    try:
+        mesh = init_device_mesh("cpu", (2,))
+        m = registry.get(NAMES["mixtral"])
+        experts = m.model.layers[0].mlp.experts
+        for name in ("gate_up_proj", "down_proj"):
+            full = getattr(experts, name)
+            local = torch.empty((2, *full.shape[1:]), device="meta")
+            sharded = DTensor.from_local(local, mesh, [Shard(0)], shape=full.shape, stride=full.stride(),
+                                         run_check=False)
+            setattr(experts, name, torch.nn.Parameter(sharded))
+        m.materialize(weights=str(dirs["mixtral"]))
+        for name in ("gate_up_proj", "down_proj"):
+            assert torch.equal(getattr(experts, name).to_local(), getattr(want, name)[2:4]), name
+    finally:
+        dist.destroy_process_group()
+
+
+def test_moe_keys_saved_from_a_ddp_wrapper_load(tiny, tmp_path):
+    """`module.` + a per-expert key: the wrapper's prefix goes, then transformers' conversion applies."""
+    weights = _moe_file(tiny, tmp_path, lambda t: t.update({f"module.{k}": t.pop(k) for k in list(t)}))
+    m = tiny[0].get(NAMES["mixtral"]).materialize(weights=weights)
+    want = transformers.AutoModelForCausalLM.from_pretrained(tiny[1]["mixtral"]).state_dict()
+    assert all(torch.equal(m.state_dict()[k], v) for k, v in want.items())
+
+
 def test_moe_expert_of_the_wrong_shape_is_refused(tiny, tmp_path):
     key = "model.layers.1.block_sparse_moe.experts.0.w1.weight"
     weights = _moe_file(tiny, tmp_path, lambda t: t.update({key: t[key][:-1]}))

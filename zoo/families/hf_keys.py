@@ -9,12 +9,13 @@ every model type it covers, and reads each per-expert key straight into its part
 
 import re
 import sys
+from typing import Callable
 
 from zoo.errors import CheckpointError
-from zoo.weights.fit import Part
+from zoo.weights.fit import WRAPPER_PREFIXES, Part
 
 
-def hf_key_map(module, names) -> dict | None:
+def hf_key_map(module, names) -> Callable | None:
     """checkpoint key -> model name, or (model name, Part) for a key that fills part of a fused tensor;
     None when the module is no transformers model (nothing to convert). `names`: the module's tensor
     names (a prefix that only the base model has is added or dropped, as transformers does)."""
@@ -40,7 +41,15 @@ def hf_key_map(module, names) -> dict | None:
                 return _with_prefix(renamed, names, prefix), _part(key, name, converter, pattern)
         return _with_prefix(name, names, prefix)
 
-    return convert
+    def convert_unwrapped(key: str):
+        """A key saved from a wrapper (DDP's `module.`, torch.compile's `_orig_mod.`) is read without it."""
+        direct = convert(key)
+        for found in [direct, *(convert(key[len(p):]) for p in WRAPPER_PREFIXES if key.startswith(p))]:
+            if (found[0] if isinstance(found, tuple) else found) in names:
+                return found
+        return direct
+
+    return convert_unwrapped
 
 
 def _with_prefix(name: str, names: set, prefix: str) -> str:
