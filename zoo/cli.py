@@ -3,12 +3,13 @@
 import argparse
 import contextlib
 import json
+import re
 import sys
 
 from zoo import render
 from zoo.cli_index import cmd_index, hub_listing, progress_reporter
 from zoo.render import human, printable, table
-from zoo.errors import InvalidArgument, ModelNotFound, ZooError
+from zoo.errors import AnalysisError, InvalidArgument, ModelNotFound, ZooError
 
 
 def cmd_search(zoo, args) -> int:
@@ -75,11 +76,20 @@ def cmd_show(zoo, args) -> int:
     return 0
 
 
+# Zoo.estimate's arguments as `zoo estimate` spells them, for its errors
+_FLAGS = {"weights_dtype": "--weights-dtype", "kv_dtype": "--kv-dtype", "seq_len": "--seq-len",
+          "group_size": "--group-size", "training=True": "--training"}
+
+
 def cmd_estimate(zoo, args) -> int:
-    result = zoo.estimate(args.name, batch=args.batch, dtype=args.dtype, training=args.training,
-                          optimizer=args.optimizer, seq_len=args.seq_len, kv_dtype=args.kv_dtype,
-                          weights_dtype=args.weights_dtype, group_size=args.group_size,
-                          checkpointing=args.checkpointing)
+    try:
+        result = zoo.estimate(args.name, batch=args.batch, dtype=args.dtype, training=args.training,
+                              optimizer=args.optimizer, seq_len=args.seq_len, kv_dtype=args.kv_dtype,
+                              weights_dtype=args.weights_dtype, group_size=args.group_size,
+                              checkpointing=args.checkpointing)
+    except AnalysisError as e:
+        raise AnalysisError(re.sub("|".join(rf"\b{re.escape(a)}(?![\w-])" for a in _FLAGS),
+                                   lambda m: _FLAGS[m.group()], str(e))) from None
     if args.json:
         print(json.dumps(result.as_dict(), indent=1))
         return 0

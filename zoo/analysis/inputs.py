@@ -50,6 +50,12 @@ def make_inputs(spec: dict, batch: int = 1, seq_len: int | None = None, dtype=No
     return [one(a) for a in spec.get("args", [])], {k: one(v) for k, v in spec.get("kwargs", {}).items()}
 
 
+def has_sequence(spec: dict) -> bool:
+    """Whether a spec's inputs have a sequence dimension (token ids; a seq_len changes them)."""
+    args = [*spec.get("args", []), *spec.get("kwargs", {}).values()]
+    return any("seq" in (a["shape"] if isinstance(a, dict) else a) for a in args)
+
+
 def input_spec_of(module: nn.Module) -> dict | None:
     """The input spec of a module that zoo.get built: its family's describe(), else the spec recorded
     with the row (a user builder indexed with --input); None if it has none."""

@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from zoo.analysis.forward import accepts, device_context, loss_of, train_mode
-from zoo.analysis.inputs import input_spec_of, make_inputs, tensor_leaves
+from zoo.analysis.inputs import has_sequence, input_spec_of, make_inputs, tensor_leaves
 from zoo.analysis.meters import LiveBytes, known_storages, replay_peak, storage_key
 from zoo.errors import AnalysisError, reason
 from zoo.inspection import dtype_name, named_tensors
@@ -195,7 +195,8 @@ def measure_step(module: nn.Module, args: list, kwargs: dict, training: bool, op
         with device_context(module), train_mode(module, False), torch.no_grad():
             with LiveBytes(known, log=log) as live:
                 out = module(*args, **kwargs)
-                cache = cache_tensors(getattr(out, "past_key_values", None)) if cached else []
+                fields = getattr(out, "__dict__", {})  # `cache` (transformers 5.2x; the old name's property warns)
+                cache = cache_tensors(fields.get("cache", fields.get("past_key_values"))) if cached else []
                 held = {}
                 for t in cache:
                     key, st = storage_key(t)
@@ -364,6 +365,10 @@ def estimate(module: nn.Module, batch: int = 1, dtype="bf16", training: bool = F
         raise AnalysisError("this model has no recorded input spec: estimate needs one to run its forward")
     if any(not (t.is_meta) for t in [*module.parameters(), *module.buffers()]):
         raise AnalysisError("estimate runs on meta: give a registered name or a module from zoo.get")
+    if seq_len is not None and not has_sequence(spec):
+        raise AnalysisError("seq_len applies to models with token inputs: this model's input has no sequence")
+    if kv_dtype is not None and not accepts(module, "use_cache"):
+        raise AnalysisError("kv_dtype applies to the inference of a model that keeps a KV cache; this one keeps none")
     args, kwargs = make_inputs(spec, batch=batch, seq_len=seq_len, dtype=tdtype)
     kv_bytes = KV_DTYPES[str(kv_dtype).lower()] if kv_dtype is not None else None
     try:
@@ -380,8 +385,9 @@ def estimate(module: nn.Module, batch: int = 1, dtype="bf16", training: bool = F
             "with one fp32 scale per tensor" if weights_dtype == "fp8" else
             f"with an fp16 scale per group of {group_size}") + f"; output head, embeddings, norms at {dtype_name(tdtype)}")
     if parts["kv_cache"]:
-        notes.append("kv_cache: what transformers' cache holds after the prefill (multi-latent attention: its "
-                     "decompressed keys and values, more than a latent cache)")
+        latent = getattr(getattr(module, "config", None), "kv_lora_rank", None)  # DeepSeek's multi-latent attention
+        notes.append("kv_cache: what transformers' cache holds after the prefill" + (
+            " (multi-latent attention: its decompressed keys and values, more than a latent cache)" if latent else ""))
     return Estimate(name=name or type(module).__name__, batch=batch, dtype=dtype_name(tdtype), training=training,
                     optimizer=optimizer if training else None,
                     seq_len=seq_len if seq_len is not None else spec.get("seq_len"), **parts,

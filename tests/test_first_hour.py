@@ -1,0 +1,56 @@
+"""A newcomer's first hour (issue 28, items 13 and 15-19): what the README says works as written, an
+unreachable hub is told once and quickly, estimate's notes and errors speak of the model and the flags the
+user gave, and the help says what each argument is."""
+
+import pytest
+
+import zoo
+from tests.conftest import cli_json, run_cli
+from zoo.errors import AnalysisError
+
+transformers = pytest.importorskip("transformers")
+
+
+@pytest.fixture(scope="module")
+def tiny_llama(tmp_path_factory):
+    root = tmp_path_factory.mktemp("first-hour")
+    transformers.LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                             num_key_value_heads=1, vocab_size=64, max_position_embeddings=64).save_pretrained(root / "c")
+    registry = zoo.connect(f"sqlite:///{root / 'tiny.db'}")
+    assert registry.index("hf", [str(root / "c")], name="hf/test-org/tiny-llama").failed == {}
+    return registry
+
+
+# --- 17. estimate: notes, warnings, flags --------------------------------------------------------
+
+def test_17_a_llama_estimate_notes_no_multi_latent_attention(tiny_llama):
+    got = tiny_llama.estimate("hf/test-org/tiny-llama", seq_len=8)
+    assert got.kv_cache and any("kv_cache" in n for n in got.notes)
+    assert not any("latent" in n for n in got.notes), got.notes
+
+
+def test_17_no_transformers_deprecation_warning_leaks_from_an_estimate(tiny_llama):
+    proc = run_cli("estimate", "hf/test-org/tiny-llama", "--seq-len", "8", registry=tiny_llama.url)
+    assert "deprecated" not in proc.stderr and "past_key_values" not in proc.stderr, proc.stderr
+
+
+@pytest.mark.parametrize("args, flag", [
+    (("--weights-dtype", "int8", "--training"), "--weights-dtype"),
+    (("--checkpointing",), "--training"),
+    (("--kv-dtype", "fp4"), "--kv-dtype"),
+])
+def test_17_cli_errors_name_the_flags_not_python_arguments(tiny_llama, args, flag):
+    proc = run_cli("estimate", "hf/test-org/tiny-llama", *args, registry=tiny_llama.url, check=False)
+    assert proc.returncode == 1 and flag in proc.stderr, proc.stderr
+    assert not any(word in proc.stderr for word in ("weights_dtype", "kv_dtype", "training=True", "seq_len")), \
+        proc.stderr
+
+
+def test_17_seq_len_and_kv_dtype_are_refused_for_a_vision_model(zoo_at):
+    with pytest.raises(AnalysisError, match="seq_len"):
+        zoo_at.estimate("timm/resnet18", seq_len=16)
+    with pytest.raises(AnalysisError, match="kv_dtype"):
+        zoo_at.estimate("timm/resnet18", kv_dtype="fp8")
+    proc = run_cli("estimate", "timm/resnet18", "--seq-len", "16", check=False)
+    assert proc.returncode == 1 and "--seq-len" in proc.stderr, proc.stderr
+    assert zoo_at.estimate("timm/resnet18").seq_len is None  # without them it runs as before
