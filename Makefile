@@ -41,6 +41,8 @@ sweep: $(STAMP)
 # Rebuild the shipped registry: unchanged models are skipped, so only what changed is rebuilt. `installed`: every
 # timm and torchvision architecture and a row per pretrained variant (timm tag, torchvision weights enum) with its
 # published metadata; timm's published validation results are read from catalog/timm-results (see its README).
+# The last step, `db compact`, also turns the file back to a rollback journal from the WAL its writers use: read
+# that way it needs nothing beside it (no -shm), so it reads on a read-only mount and as a user who does not own it.
 registry: $(STAMP)
 	$(BIN)/zoo --registry registry.db db upgrade
 	$(BIN)/zoo --registry registry.db index installed --results catalog/timm-results -j 2

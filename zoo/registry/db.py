@@ -2,6 +2,7 @@
 and the driver's errors turned into RegistryError that names the registry (password masked)."""
 
 import contextlib
+import sqlite3
 import time
 from pathlib import Path
 
@@ -12,6 +13,7 @@ from zoo.constants import lock_timeout_s
 from zoo.errors import RegistryError, RegistryLocked, RegistryNotFound, SchemaOutdated, ZooError
 
 from zoo.registry import SCHEMA_REVISION  # noqa: F401 - the alembic head this code reads and writes
+from zoo.registry import lite
 _PACKAGE = Path(__file__).resolve().parent.parent
 # migrations/ at the repository root in a checkout; the wheel ships it inside the package (pyproject.toml)
 MIGRATIONS = next((d for d in (_PACKAGE / "migrations", _PACKAGE.parent / "migrations") if (d / "env.py").is_file()),
@@ -132,6 +134,13 @@ def engine(url: str, write: bool = False) -> Engine:
         # read a model's row before a writer's commit and its tensor table after it (seen with 3 readers);
         # a read-only REPEATABLE READ transaction never fails to serialise. SQLite's reads are snapshots already.
         options["isolation_level"] = "REPEATABLE READ"
+    path = _sqlite_path(url)
+    if path is not None and path.exists() and not path.is_file():  # opening a FIFO would block forever
+        raise RegistryError(f"the registry at {path} cannot be opened: it is not a regular file (a directory, a FIFO, "
+                            f"a device): give the path of a registry file")
+    if not write and lite.sqlite_file(url) and "immutable" in (uri := lite.read_uri(str(path))):
+        # a WAL file this process cannot write beside (see lite.read_uri): read it as the lite reader does
+        options["creator"] = lambda: sqlite3.connect(uri, uri=True, check_same_thread=False)
     try:
         eng = create_engine(url, **options)
     except ImportError as e:  # a server URL whose driver is not installed

@@ -10,6 +10,7 @@ opened) returns None, and the caller takes the SQLAlchemy path, which gives the 
 
 from __future__ import annotations
 
+import os
 import sqlite3
 from datetime import datetime
 from urllib.parse import quote
@@ -106,9 +107,31 @@ def order_sql(order_by: str | None) -> tuple[str, str | None, bool]:
     return f"models.{name} {'DESC' if descending else 'ASC'} NULLS LAST, models.name", name, descending
 
 
-def _connect(path: str) -> sqlite3.Connection | None:
+def read_uri(path: str) -> str:
+    """The URI that opens a registry file for reading without writing anything beside it. A rollback journal
+    (the shipped registry's) needs nothing more. A file in WAL mode (a team's, whose writers keep WAL so that
+    readers never block them) needs its -shm: where that cannot be made (a read-only mount, a folder of another
+    user) and no -wal holds commits still to fold in, the file is opened immutable. Immutable reads take no
+    locks: its owner writing it at the same time could tear them, which `zoo db compact` (back to a rollback
+    journal) avoids for files shared that way."""
+    uri = f"file:{quote(path)}?mode=ro"
     try:
-        con = sqlite3.connect(f"file:{quote(path)}?mode=ro", uri=True)
+        with open(path, "rb") as f:
+            wal = f.read(100)[18:19] == b"\x02"  # the header's write version: 2 in WAL mode
+    except OSError:
+        return uri
+    shm = path + "-shm"
+    if wal and not os.path.exists(path + "-wal") and not os.access(
+            shm if os.path.exists(shm) else os.path.dirname(path) or ".", os.W_OK):
+        return uri + "&immutable=1"
+    return uri
+
+
+def _connect(path: str) -> sqlite3.Connection | None:
+    if not os.path.isfile(path):  # a FIFO would block the open forever: the SQLAlchemy path refuses it
+        return None
+    try:
+        con = sqlite3.connect(read_uri(path), uri=True)
     except sqlite3.Error:
         return None
     try:
