@@ -54,3 +54,28 @@ def test_17_seq_len_and_kv_dtype_are_refused_for_a_vision_model(zoo_at):
     proc = run_cli("estimate", "timm/resnet18", "--seq-len", "16", check=False)
     assert proc.returncode == 1 and "--seq-len" in proc.stderr, proc.stderr
     assert zoo_at.estimate("timm/resnet18").seq_len is None  # without them it runs as before
+
+
+# --- 18. commands and names the user can use ------------------------------------------------------
+
+def test_18_tokenizer_not_cached_names_the_installed_download_command(tiny_llama, tmp_path, monkeypatch):
+    import sys
+    from pathlib import Path
+
+    from huggingface_hub import constants
+
+    from zoo.errors import TokenizerNotCached
+
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path))
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    with pytest.raises(TokenizerNotCached) as e:
+        tiny_llama.scan("hf/test-org/tiny-llama", "hello world")
+    assert "huggingface-cli" not in str(e.value) and "`hf download test-org/tiny-llama" in str(e.value)
+    assert (Path(sys.executable).parent / "hf").exists()  # the command the message names is installed
+
+
+def test_18_a_missing_local_cache_says_where_it_looked_not_cache_dir(tmp_path):
+    proc = run_cli("index", "hf", "--local-cache", "-q", "--registry", str(tmp_path / "r.db"), check=False,
+                   env_extra={"HF_HUB_CACHE": str(tmp_path / "nowhere")})
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert "cache_dir" not in proc.stderr and "HF_HUB_CACHE" in proc.stderr and "nowhere" in proc.stderr

@@ -238,6 +238,6 @@ def tokenize(repo_id: str, text: str) -> list[int]:
     except (OSError, ValueError) as e:  # not cached: transformers raises OSError; an unusable one ValueError
         raise TokenizerNotCached(
             f"the tokenizer of {repo_id} is not in the local Hugging Face cache ({type(e).__name__}); download it "
-            f"with `huggingface-cli download {repo_id} tokenizer.json tokenizer_config.json`, or give token-id "
+            f"with `hf download {repo_id} tokenizer.json tokenizer_config.json`, or give token-id "
             f"shapes instead, e.g. zoo.scan('hf/{repo_id}', (1, 16))") from None
     return list(tokenizer(text)["input_ids"])

@@ -91,12 +91,13 @@ def cached_repos(cache_dir=None) -> list[HubRepo]:
     """Every model repo in the local huggingface_hub cache that holds a config.json, offline: the snapshot
     refs/main points to (else the newest), with the parameter count of its cached safetensors headers
     when every shard is there."""
-    from huggingface_hub import scan_cache_dir
+    from huggingface_hub import constants, scan_cache_dir
 
     try:
         info = scan_cache_dir(cache_dir)
-    except Exception as e:  # no cache directory
-        raise HubUnavailable(f"cannot read the local hub cache: {_first_line(e)}") from None
+    except Exception as e:  # no cache directory; huggingface_hub's message names its own cache_dir argument
+        raise HubUnavailable(f"cannot read the local hub cache at {cache_dir or constants.HF_HUB_CACHE} "
+                             f"({type(e).__name__}): it is $HF_HUB_CACHE, else $HF_HOME/hub") from None
     found = []
     for repo in sorted(info.repos, key=lambda r: r.repo_id):
         if repo.repo_type != "model" or not repo.revisions:
