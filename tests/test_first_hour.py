@@ -79,3 +79,39 @@ def test_18_a_missing_local_cache_says_where_it_looked_not_cache_dir(tmp_path):
                    env_extra={"HF_HUB_CACHE": str(tmp_path / "nowhere")})
     assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
     assert "cache_dir" not in proc.stderr and "HF_HUB_CACHE" in proc.stderr and "nowhere" in proc.stderr
+
+
+# --- 13 and 15. the README as a newcomer reads it --------------------------------------------------
+
+def _readme() -> str:
+    from tests.conftest import ROOT
+
+    return (ROOT / "README.md").read_text()
+
+
+def test_13_the_readme_says_how_to_reach_the_zoo_command_after_make_run():
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    setup = _readme().split("## Set-up", 1)[1].split("## Use", 1)[0]
+    assert ".venv/bin/zoo" in setup and "source .venv/bin/activate" in setup, setup
+    script = Path(sys.executable).parent / "zoo"  # what .venv/bin/zoo is in this environment
+    assert subprocess.run([script, "--help"], capture_output=True, timeout=60).returncode == 0
+
+
+def test_15_every_bare_name_the_readme_shows_resolves_on_the_shipped_registry(monkeypatch):
+    import re
+
+    monkeypatch.delenv("ZOO_REGISTRY", raising=False)
+    names = re.findall(r'zoo\.info\("([^"/]+)"\)', _readme())
+    assert names  # the README shows bare names
+    for name in names:
+        assert zoo.info(name).name.endswith("/" + name)  # AmbiguousName or ModelNotFound fail here
+
+
+def test_15_the_readme_records_a_weights_tag_before_loading_it_and_installs_extras_from_the_checkout():
+    text = _readme()
+    first_use = text.index('weights="default"')
+    assert "zoo weights add" in text[:text.index("\n", first_use)], "weights='default' before any zoo weights add"
+    assert "pip install 'zoo[" not in text and "pip install -e '.[web]'" in text
