@@ -115,3 +115,60 @@ def test_15_the_readme_records_a_weights_tag_before_loading_it_and_installs_extr
     first_use = text.index('weights="default"')
     assert "zoo weights add" in text[:text.index("\n", first_use)], "weights='default' before any zoo weights add"
     assert "pip install 'zoo[" not in text and "pip install -e '.[web]'" in text
+
+
+# --- 19. help, usage and what the CLI records --------------------------------------------------------
+
+@pytest.mark.parametrize("command, argument", [
+    ("search", "expression"), ("search", "--json"), ("search", "--limit"), ("show", "name"), ("check", "weights"),
+    ("estimate", "--batch"), ("estimate", "--dtype"), ("weights", "--tag"), ("index", "-j"), ("rm", "name"),
+])
+def test_19_every_argument_has_help_and_shows_its_default(command, argument):
+    from zoo.cli import parser
+
+    sub = next(a for a in parser()._actions if a.dest == "command").choices[command]
+    action = next(a for a in sub._actions if argument in a.option_strings or a.dest == argument)
+    assert action.help, f"zoo {command} {argument} has no help"
+    text = sub.format_help()
+    if action.default not in (None, False) and action.option_strings:
+        assert f"(default: {action.default})" in text, text
+
+
+def test_19_db_usage_takes_at_most_src_and_dst():
+    usage = run_cli("db", "--help").stdout.split("\n\n")[0]
+    assert "[SRC] [DST]" in usage and "SRC DST ..." not in usage, usage
+
+
+def test_19_a_checkpoint_name_without_a_family_gets_checkpoint_prefix(fresh_url, tmp_path):
+    import torch
+    from safetensors.torch import save_file
+
+    save_file({"w": torch.zeros(2)}, str(tmp_path / "w.safetensors"))
+    out = cli_json("index", "checkpoint", str(tmp_path / "w.safetensors"), "--name", "r50ckpt", registry=fresh_url)
+    assert out["name"] == "checkpoint/r50ckpt"
+
+
+def test_19_weights_list_shows_a_recorded_file_under_file_not_dataset(zoo_at, fresh_url, tmp_path):
+    from safetensors.torch import save_file
+
+    from tests.builders import tied_net
+
+    registry = zoo.connect(fresh_url)
+    registry.index_builder("tests.builders:tied_net", "tied")
+    path = tmp_path / "tied.safetensors"
+    save_file({k: v for k, v in tied_net().state_dict().items() if k != "head.weight"}, str(path))
+    registry.add_weights("user/tied", path, tag="v1")
+    lines = run_cli("weights", "list", "user/tied", registry=fresh_url).stdout.splitlines()
+    header, row = lines[0].split(), lines[1]
+    assert "file" in header and str(path) in row
+    dataset_at = lines[0].index("dataset")
+    assert not row[dataset_at:].startswith(str(path)[:5]), lines
+
+
+def test_19_reindexing_a_builder_without_input_keeps_the_recorded_input(fresh_url):
+    cli_json("index", "builder", "tests.builders:conv_net", "--name", "convy", "--input", "1,3,32,32",
+             registry=fresh_url)
+    before = zoo.connect(fresh_url).info("user/convy")
+    cli_json("index", "builder", "tests.builders:conv_net", "--name", "convy", "--force", registry=fresh_url)
+    after = zoo.connect(fresh_url).info("user/convy")
+    assert after.inputs == before.inputs and after.flops == before.flops and after.flops

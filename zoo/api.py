@@ -346,7 +346,8 @@ class Zoo:
         """Record a weights file's tensors (no module); returns its row."""
         from zoo import indexer
 
-        name = check_name(name or f"checkpoint/{Path(path).stem}", new=True)
+        name = name or Path(path).stem  # a name without a family is a checkpoint's, as a builder's is user/
+        name = check_name(name if "/" in check_name(name) else f"checkpoint/{name}", new=True)
         return indexer.index_checkpoint(self.url, str(path), name, force=force)
 
     def remove(self, name: str) -> str:

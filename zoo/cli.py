@@ -173,10 +173,10 @@ def cmd_db(zoo, args) -> int:
     elif args.action == "compact":
         print(f"{zoo}: {zoo.compact()}")
     elif args.action == "copy":
-        source = Zoo(args.urls[0])
-        counts = source.copy_to(args.urls[1], replace=args.replace)
+        source = Zoo(args.source)
+        counts = source.copy_to(args.target, replace=args.replace)
         print(f"copied {counts['models']} models, {counts['model_tensors']} tensor tables and {counts['weights']} "
-              f"weights tags from {source} to {Zoo(args.urls[1])}")
+              f"weights tags from {source} to {Zoo(args.target)}")
     else:
         print(zoo.revision() or "empty")
     return 0
@@ -210,36 +210,38 @@ def parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
 
     s = sub.add_parser("search", parents=[common], help="search the registry: 'params<1e8 and name~*vit*'")
-    s.add_argument("expression", nargs="?", default=None)
+    s.add_argument("expression", nargs="?", default=None,
+                   help="a search: FIELD OP VALUE joined by and/or/not, e.g. 'params<1e8 and name~vit_*' (none: all)")
     s.add_argument("--sort", help="field to sort by; -field for descending")
     s.add_argument("--limit", type=_whole(0, "a limit"), default=100, help="at most N rows (0: all)")
     s.add_argument("--fields", action="store_true", help="list the fields a search can use, with units")
-    s.add_argument("--json", action="store_true")
+    s.add_argument("--json", action="store_true", help="print JSON instead of text")
     s.set_defaults(run=cmd_search)
 
     s = sub.add_parser("show", parents=[common], help="a model's recorded metadata")
-    s.add_argument("name")
+    s.add_argument("name", help=NAME_HELP)
     s.add_argument("--tensors", action="store_true", help="list every tensor")
     s.add_argument("--tree", action="store_true", help="module tree: params, bytes, output shapes (runs a meta forward)")
     s.add_argument("--depth", type=_whole(0, "a depth"), default=None, help="with --tree: modules at most N levels deep")
-    s.add_argument("--json", action="store_true")
+    s.add_argument("--json", action="store_true", help="print JSON instead of text")
     s.set_defaults(run=cmd_show)
 
     s = sub.add_parser("estimate", parents=[common],
                        help="memory for a batch: weights, gradients, optimizer states, activations")
-    s.add_argument("name")
-    s.add_argument("--batch", type=_whole(1, "a batch"), default=1)
+    s.add_argument("name", help=NAME_HELP)
+    s.add_argument("--batch", type=_whole(1, "a batch"), default=1, help="inputs per step")
     s.add_argument("--dtype", default="bf16", help="fp32, bf16, fp16 or fp64 (or float32, bfloat16, half, ...)")
     s.add_argument("--training", action="store_true", help="a training step (forward, backward, optimizer step)")
-    s.add_argument("--optimizer", default="adamw", choices=["adamw", "adam", "sgd", "none"])
+    s.add_argument("--optimizer", default="adamw", choices=["adamw", "adam", "sgd", "none"],
+                   help="with --training: the optimizer whose states the step holds")
     s.add_argument("--seq-len", type=_whole(1, "a sequence length"), default=None, help="sequence length, for models with token inputs")
     s.add_argument("--kv-dtype", default=None, help="KV cache dtype: fp8, int8, bf16, fp16, fp32 (default: --dtype)")
     s.add_argument("--weights-dtype", default=None, choices=["int8", "int4", "fp8"],
                    help="weight-only quantization of the weights term (inference)")
     s.add_argument("--group-size", type=_whole(1, "a group size"), default=128,
-                   help="int8/int4: elements per fp16 scale (default 128)")
+                   help="int8/int4: elements per fp16 scale")
     s.add_argument("--checkpointing", action="store_true", help="with --training: activation checkpointing")
-    s.add_argument("--json", action="store_true")
+    s.add_argument("--json", action="store_true", help="print JSON instead of text")
     s.set_defaults(run=cmd_estimate)
 
     s = sub.add_parser("index", parents=[common], help="build models on meta and record them",
@@ -248,7 +250,8 @@ def parser() -> argparse.ArgumentParser:
                                    "MODULE:FUNCTION --name NAME [--kwargs JSON]; index checkpoint FILE [--name NAME]; index hf SOURCE... "
                                    "[--name NAME] [--revision REV] (SOURCE: a config.json, a directory holding one, "
                                    "or a hub repo id ORG/NAME); index hf --author|--search|--filter|--local-cache")
-    s.add_argument("source", choices=["timm", "torchvision", "installed", "builder", "checkpoint", "hf"])
+    s.add_argument("source", choices=["timm", "torchvision", "installed", "builder", "checkpoint", "hf"],
+                   help="where the models come from")
     s.add_argument("targets", nargs="*", metavar="TARGET",
                    help="glob patterns, MODULE:FUNCTION, a checkpoint file, or hf config sources")
     s.add_argument("--name", help="registry name (builder, checkpoint, one hf source; default hf/ORG/NAME)")
@@ -263,7 +266,7 @@ def parser() -> argparse.ArgumentParser:
                    help="a builder's input, the batch first: 1,3,224,224, or JSON for several inputs and dtypes: "
                         '[{"shape": [1, 16], "dtype": "int64", "name": "input_ids"}] (gives it FLOPs, scan, estimate)')
     s.add_argument("--jobs", "-j", type=_whole(1, "a number of workers"), default=1,
-                   help="worker processes (at most the CPU count)")
+                   help="worker processes (at most the CPU count are used)")
     s.add_argument("--force", action="store_true",
                    help="rebuild models even if unchanged; replace a model of another family or builder")
     s.add_argument("--pretrained", action="store_true",
@@ -272,33 +275,33 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--results", help="with timm --pretrained or installed: the folder of timm's published "
                                      "results-*.csv (default: catalog/timm-results)")
     s.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
-    s.add_argument("--json", action="store_true")
+    s.add_argument("--json", action="store_true", help="print JSON instead of text")
     s.set_defaults(run=cmd_index)
 
     s = sub.add_parser("check", parents=[common], help="how a weights file fits a model, from metadata alone")
-    s.add_argument("name")
+    s.add_argument("name", help=NAME_HELP)
     s.add_argument("weights", help="a .safetensors file, shard index or directory, a .pt/.pth/.bin, or a tag")
-    s.add_argument("--json", action="store_true")
+    s.add_argument("--json", action="store_true", help="print JSON instead of text")
     s.set_defaults(run=cmd_check)
 
     s = sub.add_parser("weights", parents=[common],
                        help="add: record a weights file for a model under a tag (sha256 checked on load); "
                             "list: every pretrained variant of an architecture and its recorded tags")
-    s.add_argument("action", choices=["add", "list"])
-    s.add_argument("name")
+    s.add_argument("action", choices=["add", "list"], help="add a file under a tag, or list variants and tags")
+    s.add_argument("name", help=NAME_HELP)
     s.add_argument("path", nargs="?", help="add: the weights file")
-    s.add_argument("--tag", default="default")
+    s.add_argument("--tag", default="default", help="add: the name to load it by, zoo.get(NAME, weights=TAG)")
     s.add_argument("--allow-partial", action="store_true", help="record even with missing or unexpected keys")
-    s.add_argument("--json", action="store_true")
+    s.add_argument("--json", action="store_true", help="print JSON instead of text")
     s.set_defaults(run=cmd_weights)
 
     s = sub.add_parser("rm", parents=[common], help="remove a model from the registry")
-    s.add_argument("name")
+    s.add_argument("name", help=NAME_HELP)
     s.set_defaults(run=cmd_rm)
 
     s = sub.add_parser("serve", parents=[common], help="the read-only web catalog: search, plot, model pages, JSON API")
     s.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
-    s.add_argument("--port", type=int, default=8000)
+    s.add_argument("--port", type=int, default=8000, help="port to listen on")
     s.set_defaults(run=cmd_serve)
 
     s = sub.add_parser("catalog", parents=[common], help="write the web catalog as static files (HTML + JSON + assets)")
@@ -308,12 +311,26 @@ def parser() -> argparse.ArgumentParser:
     s.set_defaults(run=cmd_catalog)
 
     s = sub.add_parser("db", parents=[common], help="registry schema: upgrade, compact, revision; copy SRC DST")
-    s.add_argument("action", choices=["upgrade", "compact", "revision", "copy"])
-    s.add_argument("urls", nargs="*", metavar="SRC DST", help="copy: from registry SRC to registry DST (URLs or paths)")
+    s.add_argument("action", choices=["upgrade", "compact", "revision", "copy"], help="what to do to the registry")
+    s.add_argument("source", nargs="?", metavar="SRC", help="copy: the registry to copy from (URL or path)")
+    s.add_argument("target", nargs="?", metavar="DST", help="copy: the registry to copy into (URL or path)")
     s.add_argument("--revision", default="head", help="target revision for upgrade")
     s.add_argument("--replace", action="store_true", help="copy: drop the models DST holds first")
     s.set_defaults(run=cmd_db)
+    for s in sub.choices.values():
+        s.formatter_class = _DefaultsHelp
     return p
+
+
+NAME_HELP = "a registered model: family/name (timm/resnet50), or a bare name one family has"
+
+
+class _DefaultsHelp(argparse.HelpFormatter):
+    """Help that ends each option's text with its default, where it has one (not None, False or 0)."""
+
+    def _get_help_string(self, action) -> str:
+        shown = action.option_strings and action.default not in (None, False, argparse.SUPPRESS)
+        return (action.help or "") + (" (default: %(default)s)" if shown and "default" not in (action.help or "") else "")
 
 
 def _glue_negative_sort(argv: list[str]) -> list[str]:
@@ -348,7 +365,7 @@ def main(argv=None) -> int:
             p.error("--author/--search/--filter/--limit/--local-cache: index hf from the hub, with no SOURCE")
         if args.source == "hf" and not args.targets and not hub_listing(args):
             p.error("index hf takes SOURCEs (config.json files, directories, hub repo ids) or --author/--search/...")
-    if args.command == "db" and (len(args.urls) != 2 if args.action == "copy" else args.urls):
+    if args.command == "db" and ((args.source, args.target).count(None) != (0 if args.action == "copy" else 2)):
         p.error("db copy takes SRC and DST (registry URLs or paths); the other db actions take --registry")
     from zoo.api import Zoo
 

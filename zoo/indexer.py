@@ -243,6 +243,8 @@ def index_one(url: str, name: str, recipe: Recipe, trusted: set[str] | None = No
     if db.exists(url) and db.revision_of(url) is not None:
         with db.session(url) as s:
             store.check_replace(s, name, recipe.family, recipe.builder, force)
+            if inputs is None:  # a re-index without inputs keeps those recorded for this builder
+                inputs = store.recorded_inputs(s, name, recipe.family, recipe.builder)
     db.open_registry(url, write=True, create=True)
     record, table = record_of(name, recipe, trusted, inputs=inputs)
     save(url, record, table, replace=force)

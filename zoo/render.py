@@ -166,10 +166,10 @@ def variant_rows(info) -> list[tuple[str, str]]:
 def variant_table(arch: str, variants, tags) -> list[list[str]]:
     """`zoo weights list`: a header and a row per pretrained variant, then the weights tags recorded for the
     architecture itself (zoo weights add)."""
-    rows = [["name", "tag", "top1", "params", "flops", "input", "license", "dataset", "status"]]
+    rows = [["name", "tag", "top1", "params", "flops", "input", "license", "dataset", "status", "file"]]
     rows += [[v.name, v.tag or "-", cell(v, "top1"), cell(v, "params"), cell(v, "flops"), cell(v, "input_size"),
-              v.license or "-", v.dataset or "-", v.status] for v in variants]
-    rows += [[arch, f"{w['tag']} (recorded)", "-", "-", "-", "-", "-", w["path"], "-"] for w in tags]
+              v.license or "-", v.dataset or "-", v.status, "-"] for v in variants]
+    rows += [[arch, f"{w['tag']} (recorded)", "-", "-", "-", "-", "-", "-", "-", w["path"]] for w in tags]
     return rows
 
 

@@ -112,6 +112,13 @@ def analyses_by_digest(session: Session, family: str) -> dict[str, dict]:
     return {digest: dict(zip((c.name for c in ANALYSIS), values)) for digest, *values in rows}
 
 
+def recorded_inputs(session: Session, name: str, family: str, builder: str) -> list | None:
+    """The input spec recorded with `name` when it holds a model of this family and builder."""
+    row = session.scalar(select(Model).where(Model.name == name))
+    same = row is not None and (row.family, row.builder) == (family, builder)
+    return BY_NAME["inputs"].decode(row.inputs) if same else None
+
+
 def check_replace(session: Session, name: str, family: str, builder: str, replace: bool = False) -> None:
     """Refuse (ModelExists) to put a model of another family or builder under a name that holds one,
     unless replace: a name is never taken over silently."""
