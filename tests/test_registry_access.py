@@ -1,10 +1,13 @@
 """Where a registry may live and who may change it: a registry read from a read-only place or by a user who
-does not own it (issue 28.1), and a path that is no regular file (28.8)."""
+does not own it (issue 28.1), a path that is no regular file (28.8), and the shipped registry.db, which zoo
+writes only when it is named (28.14)."""
 
+import hashlib
 import json
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
@@ -191,3 +194,63 @@ def test_28_8_a_fifo_as_the_registry_is_refused_at_once(tmp_path, command):
     with pytest.raises(RegistryError, match="not a regular file"):
         zoo.connect(str(fifo)).info("user/tied")
     assert not (tmp_path / "site").exists()
+
+
+# --- 28.14: the shipped registry is written only when named ------------------------------------------------
+
+@pytest.fixture
+def installed(tiny, tmp_path) -> Path:
+    """zoo installed elsewhere, as a wheel installs it: the package with its own registry.db (here the tiny
+    one) and its migrations. Its shipped registry is this copy, so the real registry.db is never at risk."""
+    site = tmp_path / "site-packages"
+    shutil.copytree(ROOT / "zoo", site / "zoo", symlinks=False, ignore=shutil.ignore_patterns("__pycache__",
+                                                                                              "registry.db"))
+    shutil.copytree(ROOT / "migrations", site / "zoo" / "migrations")
+    shutil.copy(tiny, site / "zoo" / "registry.db")
+    _rollback_journal(site / "zoo" / "registry.db")  # as registry.db ships
+    return site
+
+
+def _zoo(site: Path, *args: str, env_extra=None, python: str | None = None) -> subprocess.CompletedProcess:
+    """`zoo ARGS` (or `python -c PYTHON`) with that installation, no ZOO_REGISTRY unless env_extra sets it."""
+    env = {k: v for k, v in os.environ.items() if k != "ZOO_REGISTRY"}
+    env.update({"PYTHONPATH": f"{site}{os.pathsep}{ROOT}", "ZOO_TRUSTED_MODULES": "tests", **(env_extra or {})})
+    argv = ["-c", python] if python else ["-m", "zoo.cli", *args]
+    return subprocess.run([sys.executable, *argv], capture_output=True, text=True, env=env, cwd=site, timeout=600)
+
+
+def _digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def test_28_14_writes_to_the_shipped_registry_are_refused_unless_it_is_named(installed, tmp_path):
+    from safetensors.torch import save_file
+
+    from tests.builders import tied_net
+
+    shipped = installed / "zoo" / "registry.db"
+    before = _digest(shipped)
+    weights = tmp_path / "tied.safetensors"
+    save_file({k: v for k, v in tied_net().state_dict().items() if k != "head.weight"}, str(weights))  # tied: once
+    writes = [["weights", "add", "user/tied", str(weights)], ["index", "builder", TIED, "--name", "other"],
+              ["rm", "user/tied"], ["db", "upgrade"], ["db", "compact"]]
+    for args in writes:
+        proc = _zoo(installed, *args)
+        assert proc.returncode == 1, (args, proc.stdout, proc.stderr)
+        assert "shipped registry" in proc.stderr and "--registry" in proc.stderr and "ZOO_REGISTRY" in proc.stderr
+        assert "Traceback" not in proc.stderr
+    api = _zoo(installed, python="import zoo\ntry:\n    zoo.connect().remove('user/tied')\nexcept zoo.RegistryError as e:\n"
+                                 "    print(e)")
+    assert api.returncode == 0 and "shipped registry" in api.stdout, api.stderr
+    read = _zoo(installed, "search", "params>0", "--json")  # reading it is as before
+    assert read.returncode == 0 and "user/tied" in read.stdout
+    assert _digest(shipped) == before and sorted(p.name for p in shipped.parent.glob("registry.db*")) == ["registry.db"]
+    # named, it is written: --registry, or ZOO_REGISTRY
+    assert _zoo(installed, "--registry", str(shipped), "weights", "add", "user/tied", str(weights)).returncode == 0
+    assert _digest(shipped) != before
+    assert _zoo(installed, "rm", "user/tied", env_extra={"ZOO_REGISTRY": str(shipped)}).returncode == 0
+    # the way the refusal names: a user registry, a copy of the shipped one
+    mine = tmp_path / "mine.db"
+    assert _zoo(installed, "db", "copy", str(shipped), str(mine)).returncode == 0
+    assert _zoo(installed, "index", "builder", TIED, "--name", "other",
+                env_extra={"ZOO_REGISTRY": str(mine)}).returncode == 0

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 from zoo.attach import LazyLoad, Materializer, cast_meta, check_against_record
 from zoo.columns import check_name
-from zoo.constants import registry_url
+from zoo.constants import refuse_unnamed_write, registry_named, registry_url
 from zoo.errors import BuildFailed, CheckpointError, InvalidArgument, NotBuildable, WeightsMismatch
 from zoo.model_info import ModelInfo
 from zoo.recipe import Recipe
@@ -42,13 +42,18 @@ class Zoo:
     """A registry at a SQLAlchemy URL (or file path); the shipped registry.db by default."""
 
     def __init__(self, url: str | None = None):
-        self.url = registry_url(url)
+        self.url, self._named = registry_url(url), registry_named(url)
 
     def __repr__(self) -> str:
         return f"Zoo({db.masked(self.url)!r})"
 
     def __str__(self) -> str:  # the URL as messages show it: no password
         return db.masked(self.url)
+
+    @property
+    def _writable(self) -> str:
+        """The URL to write: the shipped registry only when it is named (zoo.constants.refuse_unnamed_write)."""
+        return self.url if self._named else refuse_unnamed_write()
 
     def exists(self) -> bool:
         """Whether the registry is there (a SQLite file exists; a server database is taken to)."""
@@ -230,7 +235,7 @@ class Zoo:
             raise WeightsMismatch(result.missing, result.unexpected, result.misshaped,
                                   "not one key matches: wrong file, or a different model?" if nothing else "")
         sha256, nbytes = digest(path)
-        with db.session(self.url, write=True) as s, s.begin():
+        with db.session(self._writable, write=True) as s, s.begin():
             store.add_weights(s, name, tag, str(path), sha256, nbytes)
         return sha256
 
@@ -294,16 +299,16 @@ class Zoo:
         if isinstance(targets, str):  # one pattern or source, not its letters
             targets = [targets]
         if source == "hf" and not pretrained and results is None:
-            return indexer.index_configs(self.url, list(targets), name, revision, force, progress=progress)
+            return indexer.index_configs(self._writable, list(targets), name, revision, force, progress=progress)
         if name is not None or revision is not None:
             raise InvalidArgument(f"name and revision apply to hf sources, not to {source}")
         if source == "installed":
             if pretrained:
                 raise InvalidArgument("installed indexes the architectures and their pretrained variants both: "
                                       "no pretrained flag")
-            return indexer.index_installed(self.url, list(targets), jobs=jobs, force=force, progress=progress,
+            return indexer.index_installed(self._writable, list(targets), jobs=jobs, force=force, progress=progress,
                                            results=results)
-        return indexer.index_family(self.url, source, list(targets), jobs=jobs, force=force, progress=progress,
+        return indexer.index_family(self._writable, source, list(targets), jobs=jobs, force=force, progress=progress,
                                     pretrained=pretrained, results=results)
 
     def index_hub(self, author: str | None = None, search: str | None = None, filter: str | None = None,
@@ -317,6 +322,7 @@ class Zoo:
 
         if limit is not None and (not isinstance(limit, int) or isinstance(limit, bool) or limit < 1):
             raise InvalidArgument(f"limit is a whole number >= 1, not {limit!r}")
+        url = self._writable  # refused before the hub is asked
         if local_cache:
             if author or search or filter:
                 raise InvalidArgument("local_cache indexes the whole local cache: no author, search or filter")
@@ -325,7 +331,7 @@ class Zoo:
             if not (author or search or filter or limit):
                 raise InvalidArgument("say which hub repos: author, search, filter or limit (the hub holds millions)")
             repos, origin = hub_listing.list_repos(author, search, filter, limit), "hub listing"
-        return hub_indexer.index_hub(self.url, repos, origin, force=force, progress=progress)
+        return hub_indexer.index_hub(url, repos, origin, force=force, progress=progress)
 
     def index_builder(self, builder: str, name: str, kwargs: dict | None = None, force: bool = False,
                       inputs=None) -> dict:
@@ -339,8 +345,8 @@ class Zoo:
         parsed = parse_inputs(inputs) if inputs is not None else None  # refused before anything is built
         recipe = Recipe("user", builder, kwargs or {})
         full = check_name(name if "/" in check_name(name) else f"user/{name}", new=True)
-        return indexer.index_one(self.url, full, recipe, trusted={builder.split(":")[0].split(".")[0]}, force=force,
-                                 inputs=parsed)
+        return indexer.index_one(self._writable, full, recipe, trusted={builder.split(":")[0].split(".")[0]},
+                                 force=force, inputs=parsed)
 
     def index_checkpoint(self, path, name: str | None = None, force: bool = False) -> dict:
         """Record a weights file's tensors (no module); returns its row."""
@@ -348,19 +354,19 @@ class Zoo:
 
         name = name or Path(path).stem  # a name without a family is a checkpoint's, as a builder's is user/
         name = check_name(name if "/" in check_name(name) else f"checkpoint/{name}", new=True)
-        return indexer.index_checkpoint(self.url, str(path), name, force=force)
+        return indexer.index_checkpoint(self._writable, str(path), name, force=force)
 
     def remove(self, name: str) -> str:
         """Delete a model, its tensors and its recorded weights; returns its full name."""
         check_name(name)
         with db.session(self.url) as s:  # an unknown name is refused before the file is opened for writing
             full = store.resolve(s, name).name
-        with db.session(self.url, write=True) as s, s.begin():
+        with db.session(self._writable, write=True) as s, s.begin():
             return store.remove(s, full)
 
     def upgrade(self, revision: str = "head") -> str | None:
         """Bring the schema to `revision` through the alembic migrations; returns the revision now."""
-        db.upgrade(self.url, revision)
+        db.upgrade(self._writable, revision)
         return self.revision()
 
     def revision(self) -> str | None:
@@ -370,7 +376,7 @@ class Zoo:
     def compact(self) -> str:
         """SQLite: fold the write-ahead log into the file and shrink it; PostgreSQL: VACUUM (ANALYZE).
         Returns what was done."""
-        return db.compact(self.url)
+        return db.compact(self._writable)
 
     def copy_to(self, target, replace: bool = False) -> dict[str, int]:
         """Copy this whole registry into the one at `target` (URL or path; SQLite <-> PostgreSQL) in one

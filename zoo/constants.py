@@ -16,6 +16,30 @@ def registry_url(value: str | os.PathLike | None = None) -> str:
     return value if "://" in value else f"sqlite:///{Path(value).expanduser().resolve()}"
 
 
+def registry_named(value: str | os.PathLike | None = None) -> bool:
+    """Whether a registry is named (a value, or ZOO_REGISTRY) rather than the shipped registry.db by default."""
+    return bool(str(value if value is not None else os.environ.get("ZOO_REGISTRY", "")).strip())
+
+
+def user_registry() -> Path:
+    """A user's own registry, where the refusal below points: $XDG_DATA_HOME/zoo/registry.db, else
+    ~/.local/share/zoo/registry.db."""
+    return Path(os.environ.get("XDG_DATA_HOME", "").strip() or Path.home() / ".local" / "share").expanduser() / "zoo" \
+        / "registry.db"
+
+
+def refuse_unnamed_write():
+    """The shipped registry is read-only to zoo unless it is named (--registry, ZOO_REGISTRY, connect(PATH)): the
+    README's write examples would otherwise change the file a checkout tracks and an install shares."""
+    from zoo.errors import RegistryError
+
+    mine = user_registry()
+    raise RegistryError(f"the shipped registry {DEFAULT_REGISTRY} is read-only to zoo unless it is named. Write to "
+                        f"a registry of your own: `mkdir -p {mine.parent} && zoo db copy {DEFAULT_REGISTRY} {mine}`, "
+                        f"then `export ZOO_REGISTRY={mine}` (or --registry {mine}; zoo.connect(PATH) in Python). To "
+                        f"change the shipped file itself, name it: --registry {DEFAULT_REGISTRY}")
+
+
 def trusted_modules() -> set[str]:
     """ZOO_TRUSTED_MODULES: comma-separated top-level packages whose user builders zoo may import."""
     return {m.strip() for m in os.environ.get("ZOO_TRUSTED_MODULES", "").split(",") if m.strip()}
