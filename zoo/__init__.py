@@ -11,10 +11,10 @@ from typing import TYPE_CHECKING
 
 from zoo.api import Zoo, connect
 from zoo.errors import (
-    AmbiguousName, AnalysisError, AnalysisTimeout, BuildFailed, CheckpointError, DownloadBlocked, HubUnavailable,
-    InvalidArgument, InvalidComparison, InvalidRecipe, MaterializeError, ModelExists, ModelNotFound, NotBuildable,
-    RegistryDrift, RegistryError, RegistryLocked, RegistryNotFound, SchemaOutdated, SearchSyntaxError, TokenizerNotCached,
-    UnknownFamily, UntrustedBuilder, WeightsMismatch, ZooError,
+    AmbiguousName, AnalysisError, AnalysisTimeout, BuildFailed, CatalogError, CheckpointError, DownloadBlocked,
+    HubUnavailable, InvalidArgument, InvalidComparison, InvalidRecipe, MaterializeError, ModelExists, ModelNotFound,
+    NotBuildable, RegistryDrift, RegistryError, RegistryLocked, RegistryNotFound, SchemaOutdated, SearchSyntaxError,
+    TokenizerNotCached, UnknownFamily, UntrustedBuilder, WeightsMismatch, ZooError,
 )
 from zoo.inspection import TensorInfo
 from zoo.model_info import ModelInfo
@@ -81,6 +81,6 @@ __all__ = [
     "TensorInfo",
     "ZooError", "ModelNotFound", "AmbiguousName", "SearchSyntaxError", "InvalidComparison", "BuildFailed",
     "NotBuildable", "InvalidRecipe", "InvalidArgument", "UntrustedBuilder", "UnknownFamily", "SchemaOutdated",
-    "RegistryDrift", "RegistryError", "RegistryLocked", "RegistryNotFound", "ModelExists", "CheckpointError", "WeightsMismatch", "HubUnavailable", "DownloadBlocked",
+    "RegistryDrift", "RegistryError", "RegistryLocked", "RegistryNotFound", "ModelExists", "CatalogError", "CheckpointError", "WeightsMismatch", "HubUnavailable", "DownloadBlocked",
     "MaterializeError", "AnalysisError", "AnalysisTimeout", "TokenizerNotCached",
 ]

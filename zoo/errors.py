@@ -153,6 +153,10 @@ class AnalysisTimeout(ZooError, TimeoutError):
     """A meta forward ran past its time budget (index-time analysis records it as an error)."""
 
 
+class CatalogError(ZooError, OSError):
+    """`zoo catalog` could not write its export (the folder, the file system); the previous export is kept."""
+
+
 class InvalidArgument(ZooError, ValueError):
     """An argument zoo refuses before doing anything (a value out of range, options that contradict)."""
 

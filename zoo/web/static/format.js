@@ -64,14 +64,14 @@ export function apiHref(kind, name, params = {}) {
   return `/api/${kind}/${pathOf(name)}${query ? `?${query}` : ""}`;
 }
 
-// zoo/web/export.py file_name: each byte outside [A-Za-z0-9-] as _XX.
+// zoo/web/export.py file_name: each byte outside [A-Za-z0-9-] as _XX, in folders of 120 characters.
 export function fileName(name) {
   let out = "";
   for (const b of new TextEncoder().encode(name)) {
     const c = String.fromCharCode(b);
     out += /[A-Za-z0-9-]/.test(c) ? c : `_${b.toString(16).padStart(2, "0")}`;
   }
-  return `${out}.json`;
+  return `${out.match(/.{1,120}/g).join("/")}.json`;
 }
 
 // fetch JSON; a non-2xx answer throws {status, body} with zoo's typed error body.
