@@ -28,13 +28,13 @@ def screenshots_dir() -> Path:
 
 
 @contextlib.contextmanager
-def serving_app(app):
-    """Run an ASGI app with uvicorn in a thread on a free port; yields its base URL."""
+def serving_app(app, **options):
+    """Run an ASGI app with uvicorn in a thread on a free port (options: uvicorn.Config's); yields its base URL."""
     import uvicorn
 
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", **options))
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     deadline = time.monotonic() + 20

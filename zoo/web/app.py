@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import json
 import logging
-import threading
 import time
 from html import escape
 from collections import OrderedDict
 from pathlib import Path
 from string import Template
 
+import anyio.to_thread
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.middleware.gzip import GZipMiddleware
@@ -40,6 +40,7 @@ HEADERS = {
 }
 TREE_CACHE_SIZE = 32
 RETRY_AFTER_S = 5  # what a 503 (a locked registry, a full heavy queue) tells the client to wait
+HEAVY_QUEUE = 8  # scans and estimates that may wait behind the one running; more are refused at once (503)
 log = logging.getLogger("zoo.web")
 
 
@@ -56,11 +57,15 @@ def page(name: str, title: str, root: str, data: dict) -> str:
 
 class Catalog:
     """The routes over one registry. Scans and estimates build models and run meta forwards: they run one
-    at a time (a bound on the CPU one client can take, and templates are built once), trees are cached."""
+    at a time (a bound on the CPU one client can take, and templates are built once) in a lane of their own,
+    at most HEAVY_QUEUE waiting; trees are cached. Everything else runs in Starlette's thread pool, which
+    no heavy request holds while it waits."""
 
-    def __init__(self, url: str | None = None):
+    def __init__(self, url: str | None = None, heavy_queue: int = HEAVY_QUEUE):
         self.zoo = Zoo(url)
-        self.heavy = threading.Lock()
+        self.heavy_queue = heavy_queue
+        self.heavy_admitted = 0  # running or waiting; counted on the event loop's thread only
+        self.heavy_lane: anyio.CapacityLimiter | None = None  # one token, made on the event loop
         self.trees: OrderedDict = OrderedDict()
 
     def answer(self, run, html: tuple[str, str] | None = None) -> Response:
@@ -104,25 +109,35 @@ class Catalog:
     def api_model(self, request: Request) -> Response:
         return self.answer(lambda: views.model(self.zoo, request.path_params["name"], request.query_params))
 
-    def api_scan(self, request: Request) -> Response:
-        return self.answer(lambda: self.tree(request.path_params["name"]))
+    async def api_scan(self, request: Request) -> Response:
+        return await self.heavy(lambda: self.tree(request.path_params["name"]))
 
-    def api_estimate(self, request: Request) -> Response:
-        def run():
-            with self.heavy:
-                return views.estimate(self.zoo, request.path_params["name"], request.query_params)
-        return self.answer(run)
+    async def api_estimate(self, request: Request) -> Response:
+        return await self.heavy(lambda: views.estimate(self.zoo, request.path_params["name"], request.query_params))
+
+    async def heavy(self, run) -> Response:
+        """answer(run) in the heavy lane, or a 503 at once when HEAVY_QUEUE requests wait already: waiting
+        in a thread would hold one of the 40 that every other route needs (41 estimates stalled a search)."""
+        if self.heavy_admitted > self.heavy_queue:
+            return JSONResponse({"error": "Busy", "message": f"{self.heavy_admitted} scans and estimates are running "
+                                 f"or waiting: try again in {RETRY_AFTER_S} s"}, status_code=503,
+                                headers={**HEADERS, "Retry-After": str(RETRY_AFTER_S)})
+        self.heavy_lane = self.heavy_lane or anyio.CapacityLimiter(1)
+        self.heavy_admitted += 1
+        try:
+            return await anyio.to_thread.run_sync(self.answer, run, limiter=self.heavy_lane)
+        finally:
+            self.heavy_admitted -= 1
 
     def tree(self, name: str) -> dict:
         info = self.zoo.info(name)
         key = (info.name, info.indexed_at)  # a re-indexed model is scanned again
-        with self.heavy:
-            if key not in self.trees:
-                self.trees[key] = views.tree(self.zoo, info.name)
-                while len(self.trees) > TREE_CACHE_SIZE:
-                    self.trees.popitem(last=False)
-            self.trees.move_to_end(key)
-            return self.trees[key]
+        if key not in self.trees:
+            self.trees[key] = views.tree(self.zoo, info.name)
+            while len(self.trees) > TREE_CACHE_SIZE:
+                self.trees.popitem(last=False)
+        self.trees.move_to_end(key)
+        return self.trees[key]
 
     async def not_found(self, request: Request, exc) -> Response:
         status = getattr(exc, "status_code", 404)
@@ -133,11 +148,11 @@ class Catalog:
 LOOPBACK_HOSTS = ["127.0.0.1", "localhost", "[::1]"]
 
 
-def create_app(url: str | None = None, hosts: list[str] | None = None) -> Starlette:
+def create_app(url: str | None = None, hosts: list[str] | None = None, heavy_queue: int = HEAVY_QUEUE) -> Starlette:
     """The ASGI app over the registry at `url` (None: $ZOO_REGISTRY or the shipped registry.db);
-    `hosts`: the Host headers it answers (None: any)."""
-    c = Catalog(url)
-    # plain (sync) endpoints run in Starlette's thread pool: a search or a scan does not stall the others
+    `hosts`: the Host headers it answers (None: any); `heavy_queue`: scans and estimates that may wait."""
+    c = Catalog(url, heavy_queue)
+    # plain (sync) endpoints run in Starlette's thread pool, scans and estimates in their own lane
     routes = [
         Route("/", c.search_page),
         Route("/model/{name:path}", c.model_page),
@@ -159,10 +174,12 @@ def serve(url: str | None = None, host: str = "127.0.0.1", port: int = 8000) -> 
     """Run the catalog until interrupted; the registry is opened first, so a wrong one fails at once."""
     import uvicorn
 
+    from zoo.web.server import config
+
     # Bound to this machine, answer only its own names: a web page elsewhere that rebinds its domain
     # to 127.0.0.1 (DNS rebinding) would otherwise read the registry through the visitor's browser.
     loopback = host in ("127.0.0.1", "localhost", "::1")
     app = create_app(url, hosts=LOOPBACK_HOSTS if loopback else None)
     app.state.catalog.zoo.search(None, limit=1)
     print(f"zoo catalog of {app.state.catalog.zoo.url} at http://{host}:{port}/ (read-only; Ctrl-C stops)", flush=True)
-    uvicorn.run(app, host=host, port=port, log_level="warning")
+    uvicorn.Server(config(app, host, port)).run()

@@ -1,0 +1,149 @@
+"""The web catalog under load, without timing anything: heavy requests (scan, estimate) past a bound are
+refused at once with 503 and Retry-After while the cheap routes keep answering, and half-open connections
+(slowloris) past the server's file descriptors neither lock new clients out nor stay open forever.
+The figures (latencies under 200 clients, 2,000 half-open connections) are bench/web_load.py's."""
+
+import http.client
+import resource
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+
+import pytest
+
+from tests.conftest import ROOT
+from tests.web_support import serving_app
+from zoo.api import Zoo
+from zoo.web import app as web_app
+
+HEAVY = 50  # more than Starlette's 40 worker threads: before the bound, they starved every other route
+
+
+@pytest.fixture
+def gated(tmp_path, monkeypatch):
+    """A registry whose user/gated model builds only once the gate file is removed."""
+    monkeypatch.setenv("ZOO_TRUSTED_MODULES", "tests")
+    url = f"sqlite:///{tmp_path / 'gated.db'}"
+    gate, started = tmp_path / "gate", tmp_path / "started"
+    Zoo(url).index_builder("tests.builders:gated_net", "gated", {"gate": str(gate), "started": str(started)},
+                           inputs="1,3,32,32")
+    started.unlink()
+    gate.touch()
+    yield url, gate, started
+    gate.unlink(missing_ok=True)
+
+
+def fetch(url: str, timeout: float = 120):
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as r:
+            return r.status, r.headers, r.read()
+    except urllib.error.HTTPError as e:
+        return e.code, e.headers, e.read()
+
+
+def wait_for(condition, what: str, limit_s: float = 60):
+    """A guard against hanging, not a timing check: what the server should do at once, given a minute."""
+    deadline = time.monotonic() + limit_s
+    while not condition():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.05)
+
+
+def test_heavy_requests_past_the_bound_get_503_and_cheap_ones_are_still_answered(gated):
+    url, gate, started = gated
+    answers: list[tuple] = []
+    with serving_app(web_app.create_app(url)) as base:
+        def estimate():
+            answers.append(fetch(base + "/api/estimate/user/gated?batch=2"))
+
+        first = threading.Thread(target=estimate)
+        first.start()
+        wait_for(started.exists, "the first estimate did not start building")  # it holds the heavy slot
+        rest = [threading.Thread(target=estimate) for _ in range(HEAVY - 1)]
+        for t in rest:
+            t.start()
+        admitted = 1 + web_app.HEAVY_QUEUE  # one running, HEAVY_QUEUE waiting
+        wait_for(lambda: len(answers) >= HEAVY - admitted, "heavy requests past the bound were not refused")
+        refused = list(answers)
+        assert len(refused) == HEAVY - admitted
+        assert all(status == 503 and int(headers["Retry-After"]) > 0 for status, headers, _ in refused), refused
+        status, _, _ = fetch(base + "/api/search?q=family%3Duser", timeout=60)  # while every heavy slot is held
+        assert status == 200 and len(answers) == HEAVY - admitted
+        gate.unlink()
+        for t in [first, *rest]:
+            t.join(300)
+    assert sorted(status for status, _, _ in answers) == [200] * admitted + [503] * (HEAVY - admitted)
+
+
+def test_headers_that_trickle_in_past_the_deadline_end_the_connection(small_registry):
+    from zoo.web.server import guarded_protocol
+
+    with serving_app(web_app.create_app(small_registry), http=guarded_protocol(64, header_timeout_s=1)) as base:
+        port = int(base.rsplit(":", 1)[1])
+        with socket.create_connection(("127.0.0.1", port), timeout=60) as slow:
+            slow.sendall(b"GET /api/search HTTP/1.1\r\nHost: 127.0.0.1\r\n")
+            deadline = time.monotonic() + 60  # a guard: the server should close it after 1 s
+            with pytest.raises(OSError):  # a byte every 0.1 s never ends the headers: the server closes
+                while time.monotonic() < deadline:
+                    slow.sendall(b"X")
+                    time.sleep(0.1)
+                    slow.setblocking(False)
+                    try:
+                        if slow.recv(1024) == b"":
+                            raise ConnectionResetError("closed by the server")
+                    except BlockingIOError:
+                        pass
+                    slow.setblocking(True)
+        # a request whose headers are complete runs as long as it takes, and the connection lives on after it
+        client = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+        for _ in range(3):
+            client.request("GET", "/api/search")
+            assert client.getresponse().read() and client.sock is not None  # kept alive
+            time.sleep(0.5)  # under the keep-alive and header timeouts
+        client.close()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _few_files():
+    resource.setrlimit(resource.RLIMIT_NOFILE, (256, 256))
+
+
+def test_half_open_connections_past_the_file_limit_neither_lock_clients_out_nor_stay(small_registry, tmp_path):
+    port = _free_port()
+    # its log to a file: asyncio logs each accept() that finds no file left, and a full pipe would block it
+    log = (tmp_path / "serve.log").open("w")
+    proc = subprocess.Popen([sys.executable, "-m", "zoo.cli", "serve", "--registry", small_registry, "--port", str(port)],
+                            cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
+                            preexec_fn=_few_files)  # 256 files: the server cannot hold what the attack opens
+    base, half_open = f"http://127.0.0.1:{port}", []
+    try:
+        wait_for(lambda: proc.poll() is None and _answers(base), "zoo serve did not start")
+        for _ in range(400):  # each sends part of a request's headers and then nothing
+            s = socket.create_connection(("127.0.0.1", port), timeout=60)
+            s.sendall(b"GET /api/search HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: ")
+            half_open.append(s)
+        status, _, body = fetch(base + "/api/search?q=family%3Dtimm", timeout=60)  # a new client
+        assert status == 200 and b'"total":4' in body
+        assert half_open[0].recv(1024) == b""  # the server closed the oldest half-open connection
+    finally:
+        for s in half_open:
+            s.close()
+        proc.terminate()
+        proc.wait(timeout=30)
+        log.close()
+
+
+def _answers(base: str) -> bool:
+    try:
+        return fetch(base + "/api/search", timeout=5)[0] == 200
+    except OSError:
+        return False
