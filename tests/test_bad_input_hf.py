@@ -86,3 +86,142 @@ def test_3_gptj_with_a_million_positions_indexes_within_a_gib(tmp_path, rotary_d
     assert outcome["indexed"] == 1 and not outcome["failed"], outcome
     info = zoo.connect(f"sqlite:///{tmp_path / 'r.db'}").info("hf/gptj")
     assert info.status == "ok" and info.params > 0
+
+
+# --- 4. configs are bounded: size, nesting, modules, recorded integers ------------------------------------------
+
+def test_4_configs_without_bounds_fail_alone_naming_the_key(tmp_path):
+    """Each hostile config fails with a typed error that names what is out of bounds, within 60 s and a GiB
+    for the whole run, and the good config after them is indexed."""
+    vit = dict(model_type="vit", architectures=["ViTModel"], hidden_size=32, num_hidden_layers=1, num_attention_heads=4,
+               intermediate_size=64, patch_size=16)
+    cases = {
+        "layers_1e5": ({**TINY_LLAMA, "num_hidden_layers": 10**5}, "num_hidden_layers"),
+        "layers_1e9": ({**TINY_LLAMA, "num_hidden_layers": 10**9}, "num_hidden_layers"),
+        "gpt2_layers": (dict(model_type="gpt2", n_layer=10**6, n_embd=32, n_head=4, vocab_size=64), "n_layer"),
+        "nested": (json.dumps(TINY_LLAMA)[:-1] + ', "rope_scaling": ' + "[" * 990 + "]" * 990 + "}", "nest"),
+        "vocab": ({**TINY_LLAMA, "vocab_size": 10**15, "hidden_size": 1024}, "vocab_size"),
+        "image": ({**vit, "image_size": 10**6}, "image_size"),
+        "big": ({**TINY_LLAMA, "padding": "x" * 40_000_000}, "MiB"),
+    }
+    sources = [write_config(tmp_path, name, config) for name, (config, _) in cases.items()]
+    good = write_config(tmp_path, "good", TINY_LLAMA)
+    try:
+        proc, outcome = index_hf_bounded(tmp_path, [*sources, good])
+    finally:
+        (tmp_path / "big.json").unlink()
+    assert proc.returncode == 1 and outcome["indexed"] == 1, outcome
+    failed = outcome["failed"]
+    for name, (_, key) in cases.items():
+        error = failed.get(f"hf/{name}") or failed.get(str(tmp_path / f"{name}.json"))
+        assert error and key in error and error.startswith("InvalidRecipe"), (name, error)
+    assert zoo.connect(f"sqlite:///{tmp_path / 'r.db'}").info("hf/good").status == "ok"
+
+
+# --- 5. one bad input fails alone -------------------------------------------------------------------------------
+
+def test_5_configs_of_the_wrong_types_fail_alone(tmp_path):
+    from tests.conftest import run_cli
+
+    sources = [write_config(tmp_path, "a", {"model_type": ["llama"]}),
+               write_config(tmp_path, "b", {**TINY_LLAMA, "architectures": 5}),
+               write_config(tmp_path, "c", {**TINY_LLAMA, "architectures": [5]}),
+               write_config(tmp_path, "d", {**TINY_LLAMA, "model_type": {"llama": 1}}),
+               write_config(tmp_path, "good", TINY_LLAMA)]
+    proc = run_cli("index", "hf", *sources, "--json", "-q", registry=str(tmp_path / "r.db"), check=False)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
+    outcome = json.loads(proc.stdout)
+    assert outcome["indexed"] == 1 and len(outcome["failed"]) == 4, outcome
+    for source, key in zip(sources, ["model_type", "architectures", "architectures", "model_type"]):
+        assert outcome["failed"][source].startswith("InvalidRecipe") and key in outcome["failed"][source], source
+
+
+def test_5_local_cache_goes_on_past_corrupt_weights(tmp_path, monkeypatch):
+    """A repo whose cached safetensors header is corrupt, one whose shard index is malformed, and a good one: all
+    three indexed from their config.json, the two unreadable checkpoints noted, not counted."""
+    from huggingface_hub import constants
+
+    from tests.test_hf import populate_cache
+
+    cache = tmp_path / "hub"
+    for repo, files in {"corrupt-header": {"model.safetensors": b"\xff" * 8 + b"{not json"},
+                        "bad-map": {"model.safetensors.index.json": b'{"weight_map": [1, 2]}'},
+                        "bad-map-values": {"model.safetensors.index.json": b'{"weight_map": {"a": [1]}}'},
+                        "good": {}}.items():
+        folder = tmp_path / repo
+        folder.mkdir()
+        (folder / "config.json").write_text(json.dumps(TINY_LLAMA))
+        for name, data in files.items():
+            (folder / name).write_bytes(data)
+        populate_cache(cache, f"cached-org/{repo}", folder)
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(cache))
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    url = f"sqlite:///{tmp_path / 'r.db'}"
+    outcome = zoo.connect(url).index_hub(local_cache=True)
+    assert len(outcome.indexed) == 4 and not outcome.failed, outcome
+    for repo in ("corrupt-header", "bad-map", "bad-map-values"):
+        info = zoo.connect(url).info(f"hf/cached-org/{repo}")
+        assert info.hub_params is None and any("not readable" in n for n in info.card["notes"]), info.card
+
+
+def test_4_a_build_of_too_many_tensors_is_refused(tmp_path, monkeypatch):
+    """The bound behind the layer counts, for whatever else a config multiplies (experts, blocks under a key zoo
+    does not know): past the tensors any real model has, the build ends with a typed error. The bound is lowered
+    here so that the test builds little: 200 layers of 9 tensors against 1,000."""
+    import zoo.meta
+
+    monkeypatch.setattr(zoo.meta, "MAX_TENSORS", 1000, raising=False)
+    url = f"sqlite:///{tmp_path / 'r.db'}"
+    source = write_config(tmp_path, "deep", {**TINY_LLAMA, "num_hidden_layers": 200})
+    failed = zoo.connect(url).index("hf", [source]).failed
+    assert "more than 1,000 tensors" in failed["hf/deep"] and failed["hf/deep"].startswith("InvalidRecipe"), failed
+    monkeypatch.setattr(zoo.meta, "MAX_TENSORS", 10**6)
+    assert zoo.connect(url).index("hf", [source]).indexed == ["hf/deep"]
+
+
+# --- 6. a cached snapshot entry is its repo's own blob, or refused -------------------------------------------------
+
+def _weights_cache(tmp_path: Path, monkeypatch) -> tuple[Path, Path]:
+    """An offline huggingface_hub cache holding test-org/w: a model.safetensors linked to its blob, as the hub
+    lays it out. Returns (the repo's folder, the snapshot's model.safetensors)."""
+    import torch
+    from huggingface_hub import constants
+    from safetensors.torch import save_file
+
+    from tests.test_hf import COMMIT, populate_cache
+
+    source = tmp_path / "source"
+    source.mkdir()
+    save_file({"w": torch.arange(4.0)}, str(source / "model.safetensors"))
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    folder = populate_cache(tmp_path / "hub", "test-org/w", source)
+    return folder, folder / "snapshots" / COMMIT / "model.safetensors"
+
+
+def _other_weights(folder: Path) -> bytes:
+    import torch
+    from safetensors.torch import save
+
+    return save({"w": torch.full((4,), 666.0)})
+
+
+@pytest.mark.parametrize("target", ["outside", "outside, named by its hash", "in the snapshot, named by its hash",
+                                    "another repo's blob"])
+def test_6_a_snapshot_link_out_of_its_repos_blobs_is_refused(tmp_path, monkeypatch, target):
+    from zoo.weights.hub import resolve_hub_weights
+
+    folder, link = _weights_cache(tmp_path, monkeypatch)
+    assert Path(resolve_hub_weights("hf://test-org/w")) == link  # the cache as the hub lays it out serves
+    data = _other_weights(folder)
+    digest = hashlib.sha256(data).hexdigest()
+    places = {"outside": tmp_path / "evil.safetensors", "outside, named by its hash": tmp_path / digest,
+              "in the snapshot, named by its hash": link.parent / digest,
+              "another repo's blob": folder.parent / "models--other--repo" / "blobs" / digest}
+    evil = places[target]
+    evil.parent.mkdir(parents=True, exist_ok=True)
+    evil.write_bytes(data)
+    link.unlink()
+    link.symlink_to(evil)
+    with pytest.raises(CheckpointError, match="outside"):
+        resolve_hub_weights("hf://test-org/w")

@@ -7,7 +7,7 @@ import time
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from dataclasses import dataclass, field
 
-from zoo.errors import InvalidArgument, InvalidRecipe, ModelExists, ZooError
+from zoo.errors import InvalidArgument, InvalidRecipe, ModelExists, ZooError, reason
 from zoo.families import family
 from zoo.recipe import Recipe
 from zoo.record import record_of, record_with_build, source_hash
@@ -290,8 +290,8 @@ def index_configs(url: str, sources: list[str], name: str | None = None, revisio
         try:
             config, default = hf.load_config(source, revision)
             recipe = hf.recipe_of(config)
-        except (ZooError, OSError) as e:
-            outcome.failed[source] = f"{type(e).__name__}: {e}"
+        except Exception as e:  # typed where zoo knows the fault; any other fails this source alone, as a build does
+            outcome.failed[source] = f"{type(e).__name__}: {e}" if isinstance(e, (ZooError, OSError)) else reason(e)
         else:
             model = name or default
             model = model if model.startswith(f"{hf.NAME}/") else f"{hf.NAME}/{model}"

@@ -6,6 +6,8 @@ import torch
 from torch.overrides import TorchFunctionMode
 from torch.utils._device import _device_constructors
 
+from zoo.errors import InvalidRecipe
+
 META = torch.device("meta")
 
 # In-place methods whose names end in "_" but change a tensor's metadata, not its values:
@@ -26,6 +28,9 @@ _RANDOM = frozenset({
 })
 _NO_VALUE = _RANDOM | {"empty", "empty_strided", "empty_permuted", "empty_quantized"}
 SHADOW_LIMIT = 1 << 20  # elements; larger constructed tensors stay value-less meta
+# Tensors one build may construct: the largest real models make tens of thousands (switch-c-2048's experts about
+# 100,000); each costs some 4 KB with its module, and 10**5 layers of an untrusted config grew past 3 GiB.
+MAX_TENSORS = 150_000
 # In-place ops that set every element from their arguments alone.
 _OVERWRITES = frozenset({"zero_", "fill_", "copy_", "ones_", "zeros_", "constant_", "fill_diagonal_"})
 _DATA_GET = torch.Tensor.data.__get__
@@ -72,6 +77,7 @@ class ForceMeta(TorchFunctionMode):
         super().__init__()
         self.constructors = _device_constructors()
         self.shadow_limit = shadow_limit
+        self.constructed = 0
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         if func in _QUERIES:  # a third of a build's calls: nothing to route, write or shadow
@@ -130,6 +136,10 @@ class ForceMeta(TorchFunctionMode):
         return meta
 
     def _construct(self, func, name, args, kwargs):
+        self.constructed += 1
+        if self.constructed > MAX_TENSORS:
+            raise InvalidRecipe(f"the build constructed more than {MAX_TENSORS:,} tensors, more than any real model: "
+                                f"a layer or expert count out of bounds?")
         out = func(*args, **{**kwargs, "device": META})
         if name not in _NO_VALUE and isinstance(out, torch.Tensor) and out.numel() <= self.shadow_limit:
             _set_shadow(out, func(*args, **{**kwargs, "device": "cpu"}))

@@ -118,7 +118,7 @@ def record_with_build(name, recipe, trusted=None, variant=None, inputs=None, kno
             if known is not None and digest is not None:
                 known[digest] = analysis
     cls = type(module)
-    return {
+    row = {
         # seconds per stage, for `zoo index --json` (not a column: write_model takes only COLUMNS)
         "timing": {"build_s": round(built_at - started, 4), "build_reused": same,
                    "analysis_s": round(time.perf_counter() - built_at, 4), "analysis_reused": reused},
@@ -130,7 +130,42 @@ def record_with_build(name, recipe, trusted=None, variant=None, inputs=None, kno
         "dtype": summary.dtype, "params": summary.params, "trainable": summary.trainable,
         "buffers": summary.buffers, "tensors": summary.tensors, "param_bytes": summary.param_bytes,
         "buffer_bytes": summary.buffer_bytes, "bytes": summary.bytes, **analysis, **llm,
-    }, summary.tensor_table, built
+    }
+    too_large = _out_of_range(row, recipe.kwargs)
+    if too_large:
+        return {**base, "status": "error", "error": f"InvalidRecipe: {too_large}", "timing": row["timing"]}, None, None
+    return row, summary.tensor_table, built
+
+
+_INT_BITS = {c.name: 64 if c.wide else 32 for c in BY_NAME.values() if c.kind == "int"}
+
+
+def _out_of_range(row: dict, kwargs: dict) -> str | None:
+    """Why a row cannot be stored: an integer column past the registry's integers (a config's vocab_size 10**15
+    or image_size 10**6 makes FLOPs past 2**63), naming the recipe's largest number, its likely cause."""
+    for name, bits in _INT_BITS.items():
+        value = row.get(name)
+        if isinstance(value, int) and not -(1 << bits - 1) <= value < 1 << bits - 1:
+            key, largest = _largest_number(kwargs)
+            cause = f"; the recipe's largest number: {key} = {largest}" if key else ""
+            return (f"{name} is a {len(str(abs(value)))}-digit number, past the registry's {bits}-bit integers: "
+                    f"sizes beyond any real model's{cause}")
+    return None
+
+
+def _largest_number(kwargs: dict) -> tuple[str | None, int]:
+    """The dotted key of the largest integer in a recipe's kwargs, at any depth, and the integer."""
+    best, todo = (None, 0), [(kwargs, "")]
+    while todo:
+        value, path = todo.pop()
+        items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+        for key, item in items:
+            where = f"{path}.{key}" if path else str(key)
+            if type(item) is int and abs(item) > abs(best[1]):
+                best = where, item
+            elif isinstance(item, (dict, list)):
+                todo.append((item, where))
+    return best
 
 
 _VARIANT_KEYS = ("builder", "kwargs")  # a variant's recipe, not columns

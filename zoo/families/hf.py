@@ -7,7 +7,7 @@ Only transformers' own classes are built: configs that ask for remote code (`aut
 transformers is imported only when a model is built (it takes seconds).
 """
 
-import json
+import re
 from pathlib import Path
 
 from zoo.errors import InvalidRecipe, UntrustedBuilder
@@ -47,12 +47,49 @@ def check(builder: str, kwargs: dict) -> None:
     config = kwargs.get("config")
     if not isinstance(config, dict):
         raise InvalidRecipe("an hf recipe needs kwargs['config']: the model's config.json as a JSON object")
+    _check_config(kwargs)
     remote = _remote_code_keys(kwargs)  # the config and any override, at any depth
     if remote:
         raise UntrustedBuilder(f"config asks for remote code ({', '.join(sorted(remote))}); zoo builds only "
                                f"transformers' own classes and never runs code from a repository")
-    if not isinstance(kwargs.get("model_type", config.get("model_type")), str):  # an override wins, as in _config_object
-        raise InvalidRecipe("config has no model_type")
+
+
+def _check_config(kwargs: dict) -> None:
+    """A config's bounds and the types of the keys zoo reads itself, before anything else reads it."""
+    _check_bounds(kwargs)
+    config = kwargs["config"]
+    model_type = kwargs.get("model_type", config.get("model_type"))  # an override wins, as in _config_object
+    if not isinstance(model_type, str):
+        raise InvalidRecipe("config has no model_type" if model_type is None else
+                            f"config's model_type is a string, not {type(model_type).__name__} ({str(model_type)[:80]})")
+    architectures = kwargs.get("architectures", config.get("architectures"))
+    if architectures is not None and not (isinstance(architectures, list) and all(isinstance(a, str) for a in architectures)):
+        raise InvalidRecipe(f"config's architectures is a list of class names, not {str(architectures)[:80]}")
+
+
+# Bounds on a config, which is untrusted: real ones nest a few levels (a composite model's sub-configs) and have
+# at most a few hundred layers; a deeper one ended in RecursionError, and 10**5 layers grew past 3 GiB.
+MAX_DEPTH = 16
+MAX_LAYERS = 1024
+_LAYER_COUNT = re.compile(r"(^|_)layers?$")  # num_hidden_layers, n_layer, num_layers, encoder_layers, ...
+
+
+def _check_bounds(kwargs: dict) -> None:
+    """InvalidRecipe naming the key where a config nests past MAX_DEPTH or counts more than MAX_LAYERS layers
+    (iteratively: the check itself must not recurse as deep as the config does)."""
+    todo = [(kwargs, "", 0)]
+    while todo:
+        value, path, depth = todo.pop()
+        if depth > MAX_DEPTH:
+            raise InvalidRecipe(f"config key {path!r} is nested more than {MAX_DEPTH} levels deep: not a model's config")
+        items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+        for key, item in items:
+            where = f"{path}.{key}" if path else str(key)
+            if isinstance(key, str) and _LAYER_COUNT.search(key) and type(item) is int and item > MAX_LAYERS:
+                # (negative values are layer indices: LLaVA's vision_feature_layer -2)
+                raise InvalidRecipe(f"config key {where!r} = {item}: more layers than any model's (at most {MAX_LAYERS})")
+            if isinstance(item, (dict, list)):
+                todo.append((item, where, depth + 1))
 
 
 def _remote_code_keys(value) -> set[str]:
@@ -172,6 +209,7 @@ def recipe_of(config: dict):
     from transformers import CONFIG_MAPPING
 
     config = {k: v for k, v in config.items() if k not in _DROPPED_KEYS}
+    _check_config({"config": config})  # types and bounds, before the lookups below use them
     if "auto_map" in config and config.get("model_type") in CONFIG_MAPPING:
         config.pop("auto_map")
     recipe = Recipe(NAME, head_of(config), {"config": config})
@@ -214,13 +252,9 @@ def load_config(source: str, revision: str | None = None) -> tuple[dict, str]:
 
 
 def _read_json(file: Path) -> dict:
-    try:
-        config = json.loads(file.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise InvalidRecipe(f"{file}: not a readable config.json ({e})") from None
-    if not isinstance(config, dict):
-        raise InvalidRecipe(f"{file}: a config.json holds a JSON object")
-    return config
+    from zoo.weights.hub_listing import read_config
+
+    return read_config(file)
 
 
 def tokenize(repo_id: str, text: str) -> list[int]:

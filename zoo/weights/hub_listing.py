@@ -7,12 +7,14 @@ should try again: "gated" (no access without a token), "no-config", "transient" 
 """
 
 import json
+import os
 from dataclasses import dataclass, field
 from datetime import datetime
 from math import prod
 from pathlib import Path
 
-from zoo.errors import HubUnavailable
+from zoo.errors import CheckpointError, HubUnavailable, InvalidRecipe
+from zoo.weights.paths import open_regular
 
 # What one listing call asks the hub for, per repo: everything a row records, so no per-repo API call is needed.
 EXPAND = ["sha", "lastModified", "downloads", "likes", "gated", "pipeline_tag", "tags", "safetensors"]
@@ -55,12 +57,12 @@ def _from_info(m) -> HubRepo:
 def fetch_config(repo: HubRepo) -> dict:
     """The repo's config.json at the listed commit (downloaded into huggingface_hub's cache, or the cached copy)."""
     if repo.config_path:
-        return _read(Path(repo.config_path))
+        return read_config(Path(repo.config_path))
     from huggingface_hub import hf_hub_download
     from huggingface_hub.errors import EntryNotFoundError, GatedRepoError, HfHubHTTPError, LocalEntryNotFoundError
 
     try:
-        return _read(Path(hf_hub_download(repo.repo_id, "config.json", revision=repo.sha)))
+        return read_config(Path(hf_hub_download(repo.repo_id, "config.json", revision=repo.sha)))
     except GatedRepoError:
         raise HubUnavailable(f"{repo.repo_id} is gated ({repo.gated or 'access required'}): its config.json "
                                 f"needs a token with access (HF_TOKEN or `hf auth login`)", "gated") from None
@@ -77,13 +79,29 @@ def fetch_config(repo: HubRepo) -> dict:
                                 "transient") from None
 
 
-def _read(path: Path) -> dict:
+# The largest config.json read: real ones are kilobytes (a 22k-class label map about 1 MB); a 40 MB one grew
+# an index run past 3 GiB.
+MAX_CONFIG_BYTES = 4 << 20
+
+
+def read_config(path: Path) -> dict:
+    """A config.json as a dict; InvalidRecipe if it is larger than MAX_CONFIG_BYTES, not JSON, nested past the
+    parser's recursion, or not a JSON object (the file is untrusted)."""
     try:
-        config = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise HubUnavailable(f"{path}: not a readable config.json ({e})", "no-config") from None
+        with os.fdopen(open_regular(path, "config.json"), "rb") as f:  # a FIFO named config.json must not hang
+            raw = f.read(MAX_CONFIG_BYTES + 1)
+    except (CheckpointError, OSError) as e:
+        raise InvalidRecipe(f"{path}: not a readable config.json ({e})") from None
+    if len(raw) > MAX_CONFIG_BYTES:
+        raise InvalidRecipe(f"{path}: config.json is larger than {MAX_CONFIG_BYTES >> 20} MiB: not a model's config")
+    try:
+        config = json.loads(raw)
+    except ValueError as e:  # not UTF-8, not JSON, an integer past Python's 4300-digit limit
+        raise InvalidRecipe(f"{path}: not a readable config.json ({e})") from None
+    except RecursionError:
+        raise InvalidRecipe(f"{path}: config.json is nested too deeply to be a model's config") from None
     if not isinstance(config, dict):
-        raise HubUnavailable(f"{path}: a config.json holds a JSON object", "no-config")
+        raise InvalidRecipe(f"{path}: a config.json holds a JSON object")
     return config
 
 
@@ -107,7 +125,10 @@ def cached_repos(cache_dir=None) -> list[HubRepo]:
         if "config.json" not in files:
             continue
         entry = HubRepo(repo.repo_id, revision.commit_hash, config_path=str(files["config.json"]))
-        entry.hub_params = _cached_params(files, entry.notes)
+        try:  # a corrupt cached checkpoint does not change the architecture: the repo is still indexed
+            entry.hub_params = _cached_params(files, entry.notes)
+        except (CheckpointError, OSError) as e:
+            entry.notes.append(f"cached safetensors not readable ({type(e).__name__}: {e}): parameter count not checked")
         found.append(entry)
     return found
 
@@ -118,7 +139,10 @@ def _cached_params(files: dict, notes: list) -> int | None:
 
     if "model.safetensors.index.json" in files:
         index = parse_json(Path(files["model.safetensors.index.json"]).read_bytes(), "index", "shard index")
-        shards = sorted(set((index.get("weight_map") or {}).values())) if isinstance(index, dict) else []
+        weight_map = index.get("weight_map") if isinstance(index, dict) else None
+        if not isinstance(weight_map, dict) or not all(isinstance(s, str) for s in weight_map.values()):
+            raise CheckpointError("model.safetensors.index.json: weight_map is not an object of file names")
+        shards = sorted(set(weight_map.values()))
     else:
         shards = [n for n in files if n == "model.safetensors"]
     if not shards or any(s not in files for s in shards):
