@@ -3,8 +3,8 @@
 Files are downloaded when online and read from the cache only when HF_HUB_OFFLINE is set. Every
 file is checked against the hash the hub gave for it: huggingface_hub names each cached blob after
 the file's ETag, which for an LFS file (the weights) is its sha256 and for a small git file (the
-shard index) its git blob sha1, so the check works offline too. huggingface_hub itself checks only
-sizes. A cache without symlinks keeps no blob names; there, online, the hashes come from the hub's
+shard index) its git blob sha1, so the check works offline too; a snapshot link that leads anywhere but its
+repository's blobs is refused. huggingface_hub itself checks only sizes. A cache without symlinks keeps no blob names; there, online, the hashes come from the hub's
 paths-info API, and offline nothing can be checked.
 """
 
@@ -94,8 +94,7 @@ def resolve_hub_weights(uri: str) -> str:
 def _check_hashes(uri: str, repo: str, files: list[str]) -> None:
     todo = []
     for file in files:
-        blob = Path(os.path.realpath(file))
-        named = blob.name if _SHA256.fullmatch(blob.name) or _GIT_SHA1.fullmatch(blob.name) else None
+        blob, named = _blob_of(uri, file)
         if named is None or not verified.known(blob, named):
             todo.append((file, blob, None, named))
     if any(expected is None for *_, expected in todo) and not _offline():
@@ -115,6 +114,24 @@ def _check_hashes(uri: str, repo: str, files: list[str]) -> None:
 
     with ThreadPoolExecutor(min(8, len(todo) or 1)) as pool:  # hashlib releases the GIL on large reads
         list(pool.map(check, todo))
+
+
+def _blob_of(uri: str, file: str) -> tuple[Path, str | None]:
+    """The file a cached snapshot entry resolves to, and the hash its blob's name promises. huggingface_hub links
+    each snapshot file to its own repo's blobs/<ETag>: a link that resolves anywhere else (outside the cache, to a
+    file merely named after a hash, to another repo's blob) is refused. A regular file in the snapshot (a cache
+    without symlinks) promises no hash."""
+    path = Path(os.path.abspath(file))
+    blob = Path(os.path.realpath(path))
+    repo = next((p.parent for p in path.parents if p.name == "snapshots"), None)
+    if repo is not None:
+        if blob.parent == Path(os.path.realpath(repo / "blobs")) and (_SHA256.fullmatch(blob.name)
+                                                                     or _GIT_SHA1.fullmatch(blob.name)):
+            return blob, blob.name
+        if not path.is_symlink() and blob.is_relative_to(os.path.realpath(repo / "snapshots")):
+            return blob, None
+    raise CheckpointError(f"{uri}: {path.name} in the hub cache resolves to {blob}, outside its repository's "
+                          f"blobs; refused unchecked (delete {path} to download it again)")
 
 
 def _hashes_from_api(repo: str, files: list[str]) -> dict[str, str]:
