@@ -20,7 +20,7 @@ LAYERS = [
     ["zoo.meta", "zoo.weights", "zoo.construction"],
     ["zoo.families"],
     ["zoo.build", "zoo.templates", "zoo.preprocess"],
-    ["zoo.analysis", "zoo.materialize", "zoo.pretrained", "zoo.record"],
+    ["zoo.analysis", "zoo.materialize", "zoo.pretrained", "zoo.timm_loader", "zoo.record"],
     ["zoo.registry"],
     ["zoo.indexer", "zoo.hub_indexer"],
     ["zoo.api", "zoo.attach"],

@@ -7,8 +7,8 @@ is one timm and torchvision find, and the other way round.
 
 The result is the state timm.create_model(tag, pretrained=True) and torchvision.models.get_model(name,
 weights=W) give from the same files: timm's own arguments to load_pretrained (its per-model checkpoint
-filter, the classifier handling, strictness) are caught from a meta build with pretrained=True, and
-replayed here. The filter runs first on meta tensors: what it passes through unchanged (the bulk of a
+filter, the classifier handling, strictness) are caught from a meta build with pretrained=True and
+remembered (zoo.timm_loader), and replayed here. The filter runs first on meta tensors: what it passes through unchanged (the bulk of a
 checkpoint) is read straight from the file into the model's new memory; only what it computes
 (a resampled position embedding, a reshaped kernel) is computed, by the filter itself, on real values.
 Formats timm loads with a model's own code (.npz through custom_load) are refused with a clear error.
@@ -18,11 +18,11 @@ from __future__ import annotations
 
 import os
 import re
-import threading
 from pathlib import Path
 
 from zoo.errors import CheckpointError, HubUnavailable, InvalidArgument
 from zoo.families.torchvision import weights_of, weights_tag
+from zoo.timm_loader import timm_load_arguments
 from zoo.weights.placement import box_slices
 from zoo.weights.sources import PICKLE_SUFFIXES, SafetensorsSource, Source, Spec, TensorDictSource, load_pickle
 
@@ -139,52 +139,6 @@ def batchnorm_counts(source: Source, module) -> Source:
 
 
 # --- timm ----------------------------------------------------------------------------------------
-
-_caught: dict[tuple[str, str], dict] = {}  # (builder, kwargs JSON) -> timm's load arguments: fixed per build
-_CATCHING = threading.Lock()
-
-
-def timm_load_arguments(builder: str, kwargs: dict) -> dict:
-    """What timm.create_model(builder, pretrained=True, **kwargs) passes to load_pretrained: the pretrained
-    cfg, num_classes, in_chans, the model's checkpoint filter and strict. Caught from a build on meta in
-    which load_pretrained only records its arguments (a module-level swap, undone at once; builds run
-    one at a time under force_meta, which holds torch to one thread)."""
-    import copy
-    import json
-
-    key = (builder, json.dumps(kwargs, sort_keys=True))
-    if key not in _caught:
-        _caught[key] = _catch_load_arguments(builder, kwargs)
-    caught = _caught[key]
-    return {**caught, "cfg": copy.deepcopy(caught["cfg"])}  # no caller may change the remembered cfg
-
-
-def _catch_load_arguments(builder: str, kwargs: dict) -> dict:
-    import timm
-    from timm.models import _builder
-
-    from zoo.build import no_downloads
-    from zoo.meta import force_meta
-
-    caught = {}
-
-    def record(model, pretrained_cfg=None, num_classes=1000, in_chans=3, filter_fn=None, strict=True, **_):
-        caught.update(cfg=dict(pretrained_cfg or model.pretrained_cfg), num_classes=num_classes,
-                      in_chans=in_chans, filter_fn=filter_fn, strict=strict)
-
-    with _CATCHING:  # one swap at a time: two threads swapping would restore each other's recorder
-        original = _builder.load_pretrained
-        _builder.load_pretrained = record
-        try:
-            with no_downloads(), force_meta():
-                timm.create_model(builder, **{**kwargs, "pretrained": True})
-        finally:
-            _builder.load_pretrained = original
-    if not caught:
-        raise InvalidArgument(f"timm {builder}: create_model(pretrained=True) loads no weights through "
-                              f"load_pretrained; zoo cannot load these weights in place")
-    return caught
-
 
 def timm_source(builder: str, kwargs: dict, module) -> tuple[Source, bool]:
     args = timm_load_arguments(builder, kwargs)
