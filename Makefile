@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test test-fast registry bench sweep
+.PHONY: run test test-fast test-timm-checks registry bench sweep
 
 # The browser tests (tests/test_web_browser.py) drive Debian's Chromium, and the PostgreSQL tests start
 # Debian's PostgreSQL server (tests/pg.py); CI runs as root and installs both.
@@ -32,7 +32,11 @@ test: $(STAMP)
 	$(BIN)/python -m pytest -q
 
 test-fast: $(STAMP)
-	$(BIN)/python -m pytest -q -m "not slow and not sweep"
+	$(BIN)/python -m pytest -q -m "not slow and not sweep and not timm_checks"
+
+# timm's model checks on every architecture of tests/test_timm_checks.py (CI runs a sample of them); about 30 min.
+test-timm-checks: $(STAMP)
+	$(BIN)/python -m pytest -q -m "timm_checks or not timm_checks" tests/test_timm_checks.py
 
 # Every model through materialize (round trip and init); 1-2 hours, see tests/test_zoo_sweep.py; results in sweep-results.json.
 sweep: $(STAMP)
