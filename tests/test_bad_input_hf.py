@@ -225,3 +225,62 @@ def test_6_a_snapshot_link_out_of_its_repos_blobs_is_refused(tmp_path, monkeypat
     link.symlink_to(evil)
     with pytest.raises(CheckpointError, match="outside"):
         resolve_hub_weights("hf://test-org/w")
+
+
+# --- the acceptance fuzz: hostile config.json files, one run ------------------------------------------------------
+
+def _hostile_configs():
+    """Strategy: the text of a config.json, from a tiny Llama with some keys given wrong types, huge or negative
+    numbers, non-finite floats, deep nesting or megabytes of padding."""
+    from hypothesis import strategies as st
+
+    keys = st.sampled_from([*TINY_LLAMA, "rope_scaling", "id2label", "head_dim", "tie_word_embeddings", "torch_dtype",
+                            "rms_norm_eps", "n_layer", "text_config"])
+    values = st.one_of(
+        st.none(), st.booleans(), st.text(max_size=12), st.floats(allow_nan=True, allow_infinity=True),
+        st.integers(-10**3, 10**3), st.integers(10**6, 10**30), st.integers(-10**30, -1),
+        st.lists(st.one_of(st.integers(), st.text(max_size=4)), max_size=4),
+        st.dictionaries(st.text(max_size=6), st.one_of(st.integers(), st.none(), st.text(max_size=4)), max_size=3))
+
+    @st.composite
+    def config(draw) -> str:
+        data = {**TINY_LLAMA, **draw(st.dictionaries(keys, values, min_size=1, max_size=4))}
+        text = json.dumps(data)
+        depth = draw(st.sampled_from([0, 0, 20, 990, 5000]))
+        padding = draw(st.sampled_from([0, 0, 1 << 20, 5 << 20]))
+        extra = ([f'"deep": {"[" * depth}{"]" * depth}'] if depth else []) + ([f'"pad": "{"x" * padding}"'] if padding else [])
+        return text[:-1] + "".join(", " + e for e in extra) + "}"
+
+    return config()
+
+
+def test_fuzz_hostile_configs_each_fail_alone_or_index(tmp_path):
+    """Every hostile config.json ends in a recorded failure naming a typed error, or in a row, in one `zoo index hf`
+    run held to a GiB beyond its imports and 60 s per config; the good config after them is always indexed."""
+    from hypothesis import HealthCheck, given, settings
+
+    @settings(max_examples=6, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
+    @given(_hostile_configs_batch())
+    def run(batch):
+        folder = tmp_path / f"run{len(list(tmp_path.iterdir()))}"
+        folder.mkdir()
+        sources = [write_config(folder, f"c{i}", text) for i, text in enumerate(batch)]
+        good = write_config(folder, "good", TINY_LLAMA)
+        try:
+            proc, outcome = index_hf_bounded(folder, [*sources, good], timeout=60 * (len(batch) + 1))
+        finally:
+            for source in sources:
+                Path(source).unlink()
+        failed = outcome["failed"]
+        assert outcome["indexed"] + len(failed) == len(batch) + 1, outcome
+        assert "hf/good" not in failed and proc.returncode == (1 if failed else 0), outcome
+        for name, error in failed.items():
+            assert error.split(":", 1)[0].isidentifier() and error.split(":", 1)[1].strip(), (name, error)
+
+    run()
+
+
+def _hostile_configs_batch():
+    from hypothesis import strategies as st
+
+    return st.lists(_hostile_configs(), min_size=3, max_size=3)
