@@ -94,3 +94,43 @@ def test_28_7_a_folder_that_holds_no_earlier_export_is_not_replaced(registry, tm
     with pytest.raises(zoo.CatalogError, match="holds no earlier export"):
         export_catalog(out, f"sqlite:///{registry}")
     assert _tree(out) == {"notes.txt": b"mine"}
+
+
+def test_28_7_files_beside_an_earlier_export_survive_a_rerun(registry, tmp_path):
+    out = tmp_path / "out" / "site"
+    export_catalog(out, f"sqlite:///{registry}")
+    (out / "CNAME").write_text("zoo.example.org\n")
+    (out / ".nojekyll").write_text("")
+    (out / ".git" / "refs").mkdir(parents=True)
+    (out / ".git" / "HEAD").write_text("ref: refs/heads/gh-pages\n")
+    zoo.connect(registry).index_builder(TIED, "second")
+    export_catalog(out, f"sqlite:///{registry}")
+    after = _tree(out)
+    assert after["CNAME"] == b"zoo.example.org\n" and after[".nojekyll"] == b""
+    assert after[".git/HEAD"] == b"ref: refs/heads/gh-pages\n" and (out / ".git" / "refs").is_dir()
+    assert f"data/models/{file_name('user/second')}" in after
+    assert sorted(p.name for p in out.parent.iterdir()) == ["site"]
+
+
+def _site(path: Path, text: str) -> Path:
+    (path / "data").mkdir(parents=True)
+    (path / "data" / "index.json").write_text(text)
+    return path
+
+
+def test_28_7_the_swap_by_two_renames_puts_the_new_export_in_place(tmp_path):
+    from zoo.web.export import _swap_by_renames
+    new, out = _site(tmp_path / ".site.new-x", "new"), _site(tmp_path / "site", "old")
+    _swap_by_renames(new, out)
+    assert (out / "data" / "index.json").read_text() == "new"
+    assert (new / "data" / "index.json").read_text() == "old"  # the old one where the new was, for removal
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".site.new-x", "site"]
+
+
+def test_28_7_the_swap_by_two_renames_restores_the_old_export_when_the_second_rename_fails(tmp_path):
+    from zoo.web.export import _swap_by_renames
+    out = _site(tmp_path / "site", "old")
+    with pytest.raises(OSError):
+        _swap_by_renames(tmp_path / ".site.new-gone", out)  # no such folder: the second rename fails
+    assert (out / "data" / "index.json").read_text() == "old"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["site"]

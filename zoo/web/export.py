@@ -7,6 +7,7 @@ DIR/data/            index.json (every model's searchable fields) and one JSON p
                      its whole tensor table, and with trees=True its module tree (a meta forward each)
 
 A new export is written beside DIR and swapped in whole: a failure leaves the previous one as it was.
+Anything else at DIR's top level beside an earlier export (CNAME, .nojekyll, .git) is moved into the new one.
 Browsers refuse fetch() on file:// pages, so serve DIR over HTTP (any static server will do).
 Estimates need torch: the static model page shows the command instead.
 """
@@ -27,6 +28,7 @@ from zoo.web.app import STATIC, page
 
 _PLAIN = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-")
 _PART = 120  # characters of a data file's path per folder or file name: far below any file system's 255 bytes
+_OWN = {"index.html", "model.html", "static", "data"}  # an export's top level; the rest of --out is carried over
 
 
 def file_name(name: str) -> str:
@@ -60,7 +62,15 @@ def export_catalog(out, url: str | None = None, trees: bool = False, progress=No
     try:
         _write_site(new, zoo, index, trees, progress)
         new.chmod(0o755)  # mkdtemp's folder is the owner's alone; a served site is read by others
-        _swap(new, out)
+        kept: list[str] = []
+        try:
+            if earlier:
+                _carry(out, new, kept)
+            _swap(new, out)
+        except OSError:
+            for name in kept:  # back where they were, beside the previous export
+                (new / name).rename(out / name)
+            raise
     except OSError as e:
         raise CatalogError(f"cannot write the catalog to {out} ({e}); the previous export is as it was") from None
     finally:
@@ -86,6 +96,15 @@ def _write_site(out: Path, zoo: Zoo, index: dict, trees: bool, progress) -> None
     _write(out / "data" / "index.json", index)
 
 
+def _carry(old: Path, new: Path, kept: list[str]) -> None:
+    """Move the top-level entries of the earlier export `old` that an export does not own into `new` (the
+    same file system), naming each in `kept` once moved."""
+    for entry in sorted(old.iterdir()):
+        if entry.name not in _OWN:
+            entry.rename(new / entry.name)
+            kept.append(entry.name)
+
+
 def _swap(new: Path, out: Path) -> None:
     """Put the folder `new` at `out` in one step; an earlier `out` ends up at `new`. Linux exchanges the two
     atomically (renameat2 RENAME_EXCHANGE); elsewhere, or on a file system without it, two renames."""
@@ -97,10 +116,15 @@ def _swap(new: Path, out: Path) -> None:
     except (OSError, AttributeError):  # not Linux, or a C library without renameat2
         exchanged = False
     if not exchanged:
-        out.rename(aside := new.with_name(new.name + "-old"))
-        try:
-            new.rename(out)
-        except OSError:
-            aside.rename(out)
-            raise
-        aside.rename(new)
+        _swap_by_renames(new, out)
+
+
+def _swap_by_renames(new: Path, out: Path) -> None:
+    """_swap without renameat2: `out` aside, `new` to `out`, the old one to `new`; the first undone if the second fails."""
+    out.rename(aside := new.with_name(new.name + "-old"))
+    try:
+        new.rename(out)
+    except OSError:
+        aside.rename(out)
+        raise
+    aside.rename(new)
