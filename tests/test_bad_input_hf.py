@@ -164,6 +164,30 @@ def test_5_local_cache_goes_on_past_corrupt_weights(tmp_path, monkeypatch):
         assert info.hub_params is None and any("not readable" in n for n in info.card["notes"]), info.card
 
 
+def test_5_local_cache_goes_on_past_a_repo_with_a_bad_name(tmp_path, monkeypatch):
+    """A cache folder models--org--bad name gives the repo id org/bad name, outside the names zoo writes: that
+    repo is recorded as failed (InvalidArgument) and the run goes on to the next one."""
+    from huggingface_hub import constants
+
+    from tests.test_hf import populate_cache
+
+    cache = tmp_path / "hub"
+    for repo in ("bad name", "good"):
+        folder = tmp_path / repo
+        folder.mkdir()
+        (folder / "config.json").write_text(json.dumps(TINY_LLAMA))
+        populate_cache(cache, f"cached-org/{repo}", folder)
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(cache))
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    url = f"sqlite:///{tmp_path / 'r.db'}"
+    outcome = zoo.connect(url).index_hub(local_cache=True)
+    assert outcome.indexed == ["hf/cached-org/good"], outcome
+    assert list(outcome.failed) == ["hf/cached-org/bad name"], outcome
+    assert outcome.failed["hf/cached-org/bad name"].startswith("InvalidArgument"), outcome
+    assert zoo.connect(url).info("hf/cached-org/good").status == "ok"
+    assert [m.name for m in zoo.connect(url).search("")] == ["hf/cached-org/good"]
+
+
 def test_4_a_build_of_too_many_tensors_is_refused(tmp_path, monkeypatch):
     """The bound behind the layer counts, for whatever else a config multiplies (experts, blocks under a key zoo
     does not know): past the tensors any real model has, the build ends with a typed error. The bound is lowered

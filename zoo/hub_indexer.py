@@ -4,8 +4,8 @@ A row per repo from its config.json alone (never weights), with the hub's metada
 import hashlib
 import json
 
-from zoo.columns import BY_NAME
-from zoo.errors import ModelExists, UntrustedBuilder
+from zoo.columns import BY_NAME, check_name
+from zoo.errors import InvalidArgument, ModelExists, UntrustedBuilder
 from zoo.indexer import Outcome, save
 from zoo.record import RECORD_VERSION, record_of
 from zoo.registry import db
@@ -71,6 +71,13 @@ def index_hub(url: str, repos, origin: str = "hub listing", force: bool = False,
     outcome = Outcome()
     for done, repo in enumerate(repos, 1):
         name, key = f"{hf.NAME}/{repo.repo_id}", hub_key(repo, versions)
+        try:  # a repo id zoo cannot write (a cache folder models--org--bad name): this repo fails alone
+            check_name(name, new=True)
+        except InvalidArgument as e:
+            outcome.failed[name] = f"{type(e).__name__}: {e}"
+            if progress:
+                progress(name, done, len(repos))
+            continue
         with db.session(url) as s:
             row = s.scalar(select(Model).where(Model.name == name))
             ours = row is not None and row.family == hf.NAME

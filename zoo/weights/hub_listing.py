@@ -111,10 +111,11 @@ def cached_repos(cache_dir=None) -> list[HubRepo]:
     when every shard is there."""
     from huggingface_hub import constants, scan_cache_dir
 
+    cache_dir = cache_dir or constants.HF_HUB_CACHE  # as it is now: scan_cache_dir's default is its value at import
     try:
         info = scan_cache_dir(cache_dir)
     except Exception as e:  # no cache directory; huggingface_hub's message names its own cache_dir argument
-        raise HubUnavailable(f"cannot read the local hub cache at {cache_dir or constants.HF_HUB_CACHE} "
+        raise HubUnavailable(f"cannot read the local hub cache at {cache_dir} "
                              f"({type(e).__name__}): it is $HF_HUB_CACHE, else $HF_HOME/hub") from None
     found = []
     for repo in sorted(info.repos, key=lambda r: r.repo_id):
