@@ -254,3 +254,16 @@ def test_28_14_writes_to_the_shipped_registry_are_refused_unless_it_is_named(ins
     assert _zoo(installed, "db", "copy", str(shipped), str(mine)).returncode == 0
     assert _zoo(installed, "index", "builder", TIED, "--name", "other",
                 env_extra={"ZOO_REGISTRY": str(mine)}).returncode == 0
+
+
+def test_28_14_a_copy_onto_the_shipped_registry_is_refused_unless_it_is_named(installed, tmp_path):
+    shipped = installed / "zoo" / "registry.db"
+    mine = tmp_path / "mine.db"
+    assert _zoo(installed, "db", "copy", str(shipped), str(mine)).returncode == 0
+    before = _digest(shipped)
+    api = _zoo(installed, python=f"import zoo\ntry:\n    zoo.connect({str(mine)!r}).copy_to(None, replace=True)\n"
+                                 f"except zoo.RegistryError as e:\n    print(e)")
+    assert api.returncode == 0 and "shipped registry" in api.stdout, (api.stdout, api.stderr)
+    assert _digest(shipped) == before
+    named = _zoo(installed, python=f"import zoo\nzoo.connect({str(mine)!r}).copy_to({str(shipped)!r}, replace=True)")
+    assert named.returncode == 0, named.stderr

@@ -380,10 +380,12 @@ class Zoo:
 
     def copy_to(self, target, replace: bool = False) -> dict[str, int]:
         """Copy this whole registry into the one at `target` (URL or path; SQLite <-> PostgreSQL) in one
-        transaction there, ids kept; a target holding models is refused unless replace. Rows per table."""
+        transaction there, ids kept; a target holding models is refused unless replace. Rows per table.
+        The shipped registry is a target only when named, as for every write."""
         from zoo.registry.transfer import copy_registry
 
-        return copy_registry(self.url, registry_url(target), replace)
+        url = registry_url(target) if registry_named(target) else refuse_unnamed_write()
+        return copy_registry(self.url, url, replace)
 
 
 def _exists(path: str) -> bool:
