@@ -120,7 +120,8 @@ def _swap(new: Path, out: Path) -> None:
 
 
 def _swap_by_renames(new: Path, out: Path) -> None:
-    """_swap without renameat2: `out` aside, `new` to `out`, the old one to `new`; the first undone if the second fails."""
+    """_swap without renameat2: `out` aside, `new` to `out`, the old one to `new`; the first undone if the
+    second fails."""
     out.rename(aside := new.with_name(new.name + "-old"))
     try:
         new.rename(out)
