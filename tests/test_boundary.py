@@ -37,7 +37,8 @@ def tiny_gpt2(tmp_path_factory):
 # --- 9. terminal escapes ------------------------------------------------------------------------
 
 @pytest.mark.parametrize("name", [HOSTILE, "user/tab\there", "user/new\nline", "user/a b", "user/ü", "user//x",
-                                  "user/", "/x", "user/" + "x" * 300])
+                                  "user/", "/x", "user/" + "x" * 300, "user/..", "user/.", "hf/org/..", "../x",
+                                  "user/.../x"])
 def test_9_a_name_outside_the_documented_set_is_refused_on_write(writable, name):
     registry = zoo.connect(writable)
     before = len(registry.search(None))
@@ -56,6 +57,18 @@ def test_9_the_cli_refuses_a_hostile_checkpoint_name_and_writes_nothing(writable
     assert proc.returncode == 1 and "\x1b" not in proc.stderr + proc.stdout, proc.stderr
     assert "a model name is" in proc.stderr
     assert not zoo.connect(writable).search("family=checkpoint")
+
+
+@pytest.mark.parametrize("stem, name", [("model (1)", "checkpoint/model__1_"),
+                                        ("ckpt@step100", "checkpoint/ckpt_step100"), ("bär", "checkpoint/b_r")])
+def test_9_a_checkpoint_named_after_its_file_gets_the_stem_in_the_documented_set(writable, tmp_path, stem, name):
+    import torch
+    from safetensors.torch import save_file
+
+    path = tmp_path / f"{stem}.safetensors"
+    save_file({"w": torch.zeros(2)}, str(path))
+    assert zoo.connect(writable).index_checkpoint(path)["name"] == name
+    assert zoo.connect(writable).info(name).family == "checkpoint"
 
 
 def test_9_escapes_recorded_by_an_older_zoo_print_escaped(writable):

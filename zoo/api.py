@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from zoo.attach import LazyLoad, Materializer, cast_meta, check_against_record
-from zoo.columns import check_name
+from zoo.columns import check_name, name_part
 from zoo.constants import refuse_unnamed_write, registry_named, registry_url
 from zoo.errors import BuildFailed, CheckpointError, InvalidArgument, NotBuildable, WeightsMismatch
 from zoo.model_info import ModelInfo
@@ -352,7 +352,7 @@ class Zoo:
         """Record a weights file's tensors (no module); returns its row."""
         from zoo import indexer
 
-        name = name or Path(path).stem  # a name without a family is a checkpoint's, as a builder's is user/
+        name = name or name_part(Path(path).stem)  # a name without a family is a checkpoint's, as a builder's is user/
         name = check_name(name if "/" in check_name(name) else f"checkpoint/{name}", new=True)
         return indexer.index_checkpoint(self._writable, str(path), name, force=force)
 

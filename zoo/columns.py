@@ -168,9 +168,16 @@ COLUMNS: tuple[Column, ...] = (
 
 BY_NAME = {c.name: c for c in COLUMNS}
 
-# A model name: parts of ASCII letters, digits and . _ - + joined by "/", at most 255 characters (what every
-# family's names use; nothing a terminal or a file system reads as anything but text). Checked on write.
-NAME_CHARACTERS = re.compile(r"[A-Za-z0-9._+-]+(/[A-Za-z0-9._+-]+)*")
+# A model name: parts of ASCII letters, digits and . _ - + joined by "/", none only dots ("..", "."), at most 255
+# characters (what every family's names use; nothing a terminal or a file system reads as anything but text).
+# Checked on write.
+_NAME_PART = r"(?!\.+(?:/|$))[A-Za-z0-9._+-]+"
+NAME_CHARACTERS = re.compile(rf"{_NAME_PART}(/{_NAME_PART})*")
+
+
+def name_part(text: str) -> str:
+    """`text` with each character outside a name's set as _ (a file's stem as a checkpoint's name)."""
+    return re.sub(r"[^A-Za-z0-9._+-]", "_", text)
 
 
 def check_name(name, new: bool = False) -> str:
@@ -181,7 +188,7 @@ def check_name(name, new: bool = False) -> str:
         raise InvalidArgument(f"a model name is a string such as 'timm/resnet50', not {type(name).__name__} {name!r:.80}")
     if new and not (len(name) <= 255 and NAME_CHARACTERS.fullmatch(name)):
         raise InvalidArgument(f"a model name is 1 to 255 ASCII letters, digits and . _ - +, in parts joined by '/' "
-                              f"(such as user/my_net-v2), not {name!r:.300}")
+                              f"and not only dots (such as user/my_net-v2), not {name!r:.300}")
     return name
 # Searchable field -> "number" or "string"; each is the registry column of the same name.
 SEARCH_FIELDS: dict[str, str] = {c.name: c.search_type for c in COLUMNS if c.searchable}
