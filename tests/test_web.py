@@ -116,6 +116,15 @@ def test_a_number_that_is_not_plain_ascii_digits_is_a_400(site, path, key, value
     assert status == 400 and body["error"] == "InvalidArgument" and key in body["message"], body
 
 
+@pytest.mark.parametrize("value, page", [("0001", 1), ("0" * 5000 + "2", 2), ("002", 2)])
+def test_a_zero_padded_number_is_read_as_its_value(site, value, page):
+    status, body = get_json(site, "/api/search", page=value, per_page="0002")
+    assert status == 200 and (body["page"], body["per_page"]) == (page, 2), body
+    status, body = get_json(site, "/api/search", page="0" * 9 + "1" * 10)  # past 10**9 however padded
+    assert status == 400 and body["error"] == "InvalidArgument" and "page" in body["message"], body
+    assert get_json(site, "/api/search", page="0000")[0] == 400
+
+
 @pytest.mark.parametrize("q", ["params<<1", "params < 7B and", "task=image-classification and (flops>1G",
                                "paramz<1", "name~3 and params~*x*", "flops < lots", ""])
 def test_a_syntax_error_is_a_400_with_the_column(site, q):

@@ -50,12 +50,13 @@ def whole_number(params, key: str, default: int | None, low: int, high: int) -> 
     text = (params.get(key) or "").strip()
     if not text:
         return default
-    # ASCII digits only, no longer than the bound: str.isdigit() also takes "²" (which int() refuses) and
-    # int() refuses more than 4,300 digits; both were a 500
-    if not (text.isascii() and text.isdigit() and len(text) <= len(str(high))) or not low <= int(text) <= high:
+    # ASCII digits only, no longer than the bound once leading zeros are gone (0001 is 1): str.isdigit() also
+    # takes "²" (which int() refuses) and int() refuses more than 4,300 digits; both were a 500
+    digits = text.lstrip("0") or "0"
+    if not (text.isascii() and text.isdigit() and len(digits) <= len(str(high))) or not low <= int(digits) <= high:
         shown = text if len(text) <= 40 else text[:40] + "..."
         raise InvalidArgument(f"{key} must be a whole number from {low} to {high}, not {shown!r}")
-    return int(text)
+    return int(digits)
 
 
 def flag(params, key: str) -> bool:
