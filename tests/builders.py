@@ -1,5 +1,6 @@
 """Small user builders for the tests: `zoo index builder tests.builders:NAME`."""
 
+import os
 import time
 from pathlib import Path
 
@@ -81,9 +82,9 @@ def conv_net(classes: int = 10) -> ConvNet:
 
 
 def gated_net(gate: str, started: str) -> nn.Module:
-    """Builds only once the file `gate` is gone (at most 5 min), having created `started`: a request that
-    builds this model holds the server's heavy-work slot for as long as a test needs."""
-    Path(started).touch()
+    """Builds only once the file `gate` is gone (at most 5 min), having written its process id to `started`: a
+    request that builds this model holds the server's heavy-work slot for as long as a test needs."""
+    Path(started).write_text(str(os.getpid()))
     deadline = time.monotonic() + 300
     while Path(gate).exists() and time.monotonic() < deadline:
         time.sleep(0.02)

@@ -4,7 +4,10 @@ refused at once with 503 and Retry-After while the cheap routes keep answering, 
 The figures (latencies under 200 clients, 2,000 half-open connections) are bench/web_load.py's."""
 
 import http.client
+import json
+import os
 import resource
+import signal
 import socket
 import subprocess
 import sys
@@ -12,6 +15,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from pathlib import Path
 
 import pytest
 
@@ -147,3 +151,76 @@ def _answers(base: str) -> bool:
         return fetch(base + "/api/search", timeout=5)[0] == 200
     except OSError:
         return False
+
+
+def _pid_written(path) -> int:
+    wait_for(lambda: path.exists() and path.read_text().strip(), "the heavy request did not start building")
+    return int(path.read_text())
+
+
+def _alive(pid: int) -> bool:
+    """The process exists and is not a zombie (an unreaped one has ended)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+
+
+def test_heavy_work_runs_in_a_worker_process_that_a_cheap_request_does_not_wait_for(gated):
+    url, gate, started = gated
+    answers: list[tuple] = []
+    with serving_app(web_app.create_app(url)) as base:
+        heavy = threading.Thread(target=lambda: answers.append(fetch(base + "/api/estimate/user/gated?batch=2")))
+        heavy.start()
+        worker = _pid_written(started)
+        assert worker != os.getpid() and _alive(worker)  # built in another process than the server's
+        assert fetch(base + "/api/search?q=family%3Duser", timeout=60)[0] == 200 and not answers
+        gate.unlink()
+        heavy.join(300)
+        assert [status for status, _, _ in answers] == [200]
+        status, _, body = fetch(base + "/api/scan/user/gated")  # the same worker, which still holds the build
+        assert status == 200 and json.loads(body)["name"] == "user/gated"
+        assert _alive(worker)
+    wait_for(lambda: not _alive(worker), "the worker outlived the server")
+
+
+def test_a_worker_killed_mid_request_is_a_clear_500_and_the_next_heavy_request_gets_a_new_one(gated):
+    url, gate, started = gated
+    answers: list[tuple] = []
+    with serving_app(web_app.create_app(url)) as base:
+        heavy = threading.Thread(target=lambda: answers.append(fetch(base + "/api/estimate/user/gated?batch=2")))
+        heavy.start()
+        worker = _pid_written(started)
+        started.unlink()
+        os.kill(worker, signal.SIGKILL)
+        heavy.join(300)
+        [(status, _, body)] = answers
+        assert status == 500, body
+        failure = json.loads(body)
+        assert failure["error"] == "WorkerFailed" and "killed by signal 9" in failure["message"], failure
+        gate.unlink()
+        status, _, body = fetch(base + "/api/estimate/user/gated?batch=2")
+        assert status == 200 and json.loads(body)["name"] == "user/gated", body
+        assert _pid_written(started) not in (worker, os.getpid())
+
+
+def test_the_worker_ends_when_zoo_serve_is_killed(gated, tmp_path):
+    url, gate, started = gated
+    port, log = _free_port(), (tmp_path / "serve.log").open("w")
+    proc = subprocess.Popen([sys.executable, "-m", "zoo.cli", "serve", "--registry", url, "--port", str(port)],
+                            cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+    base, worker = f"http://127.0.0.1:{port}", None
+    try:
+        wait_for(lambda: proc.poll() is None and _answers(base), "zoo serve did not start")
+        threading.Thread(target=fetch, args=(base + "/api/estimate/user/gated",), daemon=True).start()
+        worker = _pid_written(started)
+        assert worker != proc.pid and _alive(worker)
+        proc.kill()  # SIGKILL: nothing runs in the server, the worker must end by itself
+        proc.wait(timeout=30)
+        wait_for(lambda: not _alive(worker), "the worker outlived a killed zoo serve")
+    finally:
+        proc.kill()
+        proc.wait(timeout=30)
+        log.close()
+        if worker is not None and _alive(worker):
+            os.kill(worker, signal.SIGKILL)

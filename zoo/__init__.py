@@ -14,7 +14,7 @@ from zoo.errors import (
     AmbiguousName, AnalysisError, AnalysisTimeout, BuildFailed, CatalogError, CheckpointError, DownloadBlocked,
     HubUnavailable, InvalidArgument, InvalidComparison, InvalidRecipe, MaterializeError, ModelExists, ModelNotFound,
     NotBuildable, RegistryDrift, RegistryError, RegistryLocked, RegistryNotFound, SchemaOutdated, SearchSyntaxError,
-    TokenizerNotCached, UnknownFamily, UntrustedBuilder, WeightsMismatch, ZooError,
+    TokenizerNotCached, UnknownFamily, UntrustedBuilder, WeightsMismatch, WorkerFailed, ZooError,
 )
 from zoo.inspection import TensorInfo
 from zoo.model_info import ModelInfo
@@ -82,5 +82,5 @@ __all__ = [
     "ZooError", "ModelNotFound", "AmbiguousName", "SearchSyntaxError", "InvalidComparison", "BuildFailed",
     "NotBuildable", "InvalidRecipe", "InvalidArgument", "UntrustedBuilder", "UnknownFamily", "SchemaOutdated",
     "RegistryDrift", "RegistryError", "RegistryLocked", "RegistryNotFound", "ModelExists", "CatalogError", "CheckpointError", "WeightsMismatch", "HubUnavailable", "DownloadBlocked",
-    "MaterializeError", "AnalysisError", "AnalysisTimeout", "TokenizerNotCached",
+    "MaterializeError", "AnalysisError", "AnalysisTimeout", "TokenizerNotCached", "WorkerFailed",
 ]

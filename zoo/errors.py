@@ -161,6 +161,10 @@ class InvalidArgument(ZooError, ValueError):
     """An argument zoo refuses before doing anything (a value out of range, options that contradict)."""
 
 
+class WorkerFailed(ZooError, RuntimeError):
+    """The process that runs `zoo serve`'s scans and estimates ended during a request (killed, out of memory)."""
+
+
 def reason(e: BaseException) -> str:
     """One line for a recorded failure: the exception, its message's first sentence, and the model
     code it came from (the innermost frame in site-packages outside torch and zoo)."""

@@ -8,11 +8,11 @@ the style are files of the package (no CDN), and the Content-Security-Policy all
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import time
 from html import escape
-from collections import OrderedDict
 from pathlib import Path
 from string import Template
 
@@ -29,6 +29,7 @@ from starlette.staticfiles import StaticFiles
 from zoo.api import Zoo
 from zoo.errors import ZooError
 from zoo.web import views
+from zoo.web.worker import Worker
 
 HERE = Path(__file__).resolve().parent
 STATIC, TEMPLATES = HERE / "static", HERE / "templates"
@@ -38,7 +39,6 @@ HEADERS = {
     "X-Content-Type-Options": "nosniff",
     "Referrer-Policy": "no-referrer",
 }
-TREE_CACHE_SIZE = 32
 RETRY_AFTER_S = 5  # what a 503 (a locked registry, a full heavy queue) tells the client to wait
 HEAVY_QUEUE = 8  # scans and estimates that may wait behind the one running; more are refused at once (503)
 log = logging.getLogger("zoo.web")
@@ -57,16 +57,16 @@ def page(name: str, title: str, root: str, data: dict) -> str:
 
 class Catalog:
     """The routes over one registry. Scans and estimates build models and run meta forwards: they run one
-    at a time (a bound on the CPU one client can take, and templates are built once) in a lane of their own,
-    at most HEAVY_QUEUE waiting; trees are cached. Everything else runs in Starlette's thread pool, which
-    no heavy request holds while it waits."""
+    at a time (a bound on the CPU one client can take, and templates are built once) in a worker process
+    (zoo.web.worker: neither this process's GIL nor, at its lower priority, its CPU time), at most
+    HEAVY_QUEUE waiting on the event loop. Everything else runs in Starlette's thread pool."""
 
     def __init__(self, url: str | None = None, heavy_queue: int = HEAVY_QUEUE):
         self.zoo = Zoo(url)
         self.heavy_queue = heavy_queue
         self.heavy_admitted = 0  # running or waiting; counted on the event loop's thread only
-        self.heavy_lane: anyio.CapacityLimiter | None = None  # one token, made on the event loop
-        self.trees: OrderedDict = OrderedDict()
+        self.heavy_lane: anyio.Lock | None = None  # made on the event loop
+        self.worker = Worker(self.zoo.url)
 
     def answer(self, run, html: tuple[str, str] | None = None) -> Response:
         """JSON of run(), or an HTML page embedding it; a zoo error becomes its typed status and body.
@@ -75,9 +75,7 @@ class Catalog:
         try:
             status, body = 200, run()
         except ZooError as e:
-            status, body = views.error(e)
-            if status >= 500:  # the client's message leaves out where the registry is; the log says it all
-                log.error("%s: %s", type(e).__name__, e)
+            status, body = self.failure(e)
             body = {"failure": body} if html else body
         if html is None:
             response = JSONResponse(body, status_code=status, headers=HEADERS)
@@ -85,8 +83,19 @@ class Catalog:
             name, title = html
             response = HTMLResponse(page(name, title, "/", {"mode": "server", **body}), status_code=status,
                                     headers=HEADERS)
+        return self.timed(response, start)
+
+    @staticmethod
+    def failure(e: ZooError) -> tuple[int, dict]:
+        status, body = views.error(e)
+        if status >= 500:  # the client's message leaves out where the registry is; the log says it all
+            log.error("%s: %s", type(e).__name__, e)
+        return status, body
+
+    @staticmethod
+    def timed(response: Response, start: float) -> Response:
         response.headers["Server-Timing"] = f"app;dur={(time.perf_counter() - start) * 1000:.1f}"
-        if status == 503:
+        if response.status_code == 503:
             response.headers["Retry-After"] = str(RETRY_AFTER_S)
         return response
 
@@ -110,34 +119,40 @@ class Catalog:
         return self.answer(lambda: views.model(self.zoo, request.path_params["name"], request.query_params))
 
     async def api_scan(self, request: Request) -> Response:
-        return await self.heavy(lambda: self.tree(request.path_params["name"]))
+        return await self.heavy("scan", request)
 
     async def api_estimate(self, request: Request) -> Response:
-        return await self.heavy(lambda: views.estimate(self.zoo, request.path_params["name"], request.query_params))
+        return await self.heavy("estimate", request)
 
-    async def heavy(self, run) -> Response:
-        """answer(run) in the heavy lane, or a 503 at once when HEAVY_QUEUE requests wait already: waiting
-        in a thread would hold one of the 40 that every other route needs (41 estimates stalled a search)."""
+    async def heavy(self, kind: str, request: Request) -> Response:
+        """The worker's answer, or a 503 at once when HEAVY_QUEUE requests wait already. They wait on the
+        event loop: waiting in a thread would hold one of the 40 that every other route needs (41 estimates
+        stalled a search); the one running holds one thread, which waits for the worker's answer."""
         if self.heavy_admitted > self.heavy_queue:
             return JSONResponse({"error": "Busy", "message": f"{self.heavy_admitted} scans and estimates are running "
                                  f"or waiting: try again in {RETRY_AFTER_S} s"}, status_code=503,
                                 headers={**HEADERS, "Retry-After": str(RETRY_AFTER_S)})
-        self.heavy_lane = self.heavy_lane or anyio.CapacityLimiter(1)
+        self.heavy_lane = self.heavy_lane or anyio.Lock()
         self.heavy_admitted += 1
         try:
-            return await anyio.to_thread.run_sync(self.answer, run, limiter=self.heavy_lane)
+            async with self.heavy_lane:
+                start = time.perf_counter()
+                self.worker.start()  # on the event loop's thread, which lives as long as the server
+                try:
+                    status, body = await anyio.to_thread.run_sync(
+                        self.worker.call, kind, request.path_params["name"], dict(request.query_params))
+                    response = Response(body, status, HEADERS, "application/json")
+                except ZooError as e:  # the worker ended (WorkerFailed)
+                    status, body = self.failure(e)
+                    response = JSONResponse(body, status, HEADERS)
+                return self.timed(response, start)
         finally:
             self.heavy_admitted -= 1
 
-    def tree(self, name: str) -> dict:
-        info = self.zoo.info(name)
-        key = (info.name, info.indexed_at)  # a re-indexed model is scanned again
-        if key not in self.trees:
-            self.trees[key] = views.tree(self.zoo, info.name)
-            while len(self.trees) > TREE_CACHE_SIZE:
-                self.trees.popitem(last=False)
-        self.trees.move_to_end(key)
-        return self.trees[key]
+    @contextlib.asynccontextmanager
+    async def lifespan(self, app):
+        yield
+        self.worker.close()
 
     async def not_found(self, request: Request, exc) -> Response:
         status = getattr(exc, "status_code", 404)
@@ -165,7 +180,8 @@ def create_app(url: str | None = None, hosts: list[str] | None = None, heavy_que
     middleware = [Middleware(GZipMiddleware, minimum_size=2048, compresslevel=5)]
     if hosts is not None:
         middleware.insert(0, Middleware(TrustedHostMiddleware, allowed_hosts=hosts))
-    app = Starlette(routes=routes, middleware=middleware, exception_handlers={404: c.not_found, 405: c.not_found})
+    app = Starlette(routes=routes, middleware=middleware, exception_handlers={404: c.not_found, 405: c.not_found},
+                    lifespan=c.lifespan)
     app.state.catalog = c
     return app
 
