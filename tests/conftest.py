@@ -50,6 +50,16 @@ def fresh_url(tmp_path) -> str:
 _pg_skipped: list[str] = []
 
 
+@pytest.fixture(scope="module")
+def browser(tmp_path_factory):
+    """Headless Chromium driven by Selenium (tests/web_support.py), one per test module."""
+    from tests.web_support import chromium
+
+    driver = chromium(tmp_path_factory.mktemp("chromium-profile"))
+    yield driver
+    driver.quit()
+
+
 @pytest.fixture(scope="session")
 def pg_server():
     """A real PostgreSQL server for the session (tests/pg.py). Where it cannot start, the PostgreSQL tests

@@ -7,7 +7,7 @@ import urllib.parse
 
 import pytest
 
-from tests.web_support import chromium, screenshots_dir, serving_app, serving_files
+from tests.web_support import screenshots_dir, serving_app, serving_files
 from zoo import render
 from zoo.api import Zoo
 from zoo.errors import SearchSyntaxError
@@ -16,13 +16,6 @@ from zoo.web.app import create_app
 from zoo.web.export import export_catalog
 
 WAIT_S = 60
-
-
-@pytest.fixture(scope="module")
-def browser(tmp_path_factory):
-    driver = chromium(tmp_path_factory.mktemp("chromium-profile"))
-    yield driver
-    driver.quit()
 
 
 @pytest.fixture(scope="module")

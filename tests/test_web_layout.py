@@ -7,7 +7,7 @@ import pytest
 
 from tests.conftest import ROOT
 from tests.test_web_browser import ready
-from tests.web_support import chromium, screenshots_dir, serving_app
+from tests.web_support import screenshots_dir, serving_app
 from zoo.web.app import create_app
 
 VIEWPORTS = [(1920, 1080, False), (1400, 1000, False), (390, 844, True)]
@@ -29,13 +29,6 @@ return {viewport: innerWidth, page: document.documentElement.scrollWidth,
         facets: box(document.getElementById("facets")), table: visible(box(document.getElementById("table"))),
         results: clip, plot: box(document.getElementById("scatter")), names: names};
 """
-
-
-@pytest.fixture(scope="module")
-def browser(tmp_path_factory):
-    driver = chromium(tmp_path_factory.mktemp("chromium-profile"))
-    yield driver
-    driver.quit()
 
 
 @pytest.fixture(scope="module")
