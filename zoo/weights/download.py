@@ -16,6 +16,7 @@ import urllib.request
 from pathlib import Path
 
 from zoo.errors import CheckpointError, HubUnavailable
+from zoo.weights.reach import unreachable
 
 CHUNK = 1 << 20
 
@@ -29,6 +30,10 @@ def fetch(url: str, dest: str | os.PathLike, sha256_prefix: str | None = None, p
         return dest
     dest.parent.mkdir(parents=True, exist_ok=True)
     partial = dest.with_name(dest.name + ".partial")
+    down = unreachable(url)  # one quick probe: a server that does not answer is not retried
+    if down:
+        raise HubUnavailable(f"{url}: the server could not be reached ({down}); nothing was downloaded "
+                             f"(put the file at {dest} to use it without the network)", "transient")
     failure = None
     for attempt in range(retries + 1):
         try:
@@ -42,8 +47,9 @@ def fetch(url: str, dest: str | os.PathLike, sha256_prefix: str | None = None, p
             failure = e
             time.sleep(min(0.2 * 2 ** attempt, 5))
     else:
+        kept = f"; the partial file {partial} is kept for the next try" if partial.exists() else ""
         raise HubUnavailable(f"{url}: download failed after {retries + 1} tries ({type(failure).__name__}: "
-                             f"{failure}); the partial file {partial} is kept for the next try") from None
+                             f"{failure}){kept}") from None
     actual = _sha256(partial)
     if sha256_prefix and not actual.startswith(sha256_prefix):
         partial.unlink(missing_ok=True)

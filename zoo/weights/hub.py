@@ -17,6 +17,7 @@ from pathlib import Path
 from zoo.errors import CheckpointError, HubUnavailable
 from zoo.weights import verified
 from zoo.weights.digest import file_sha256
+from zoo.weights.reach import hub_unreachable
 
 INDEX = "model.safetensors.index.json"
 SINGLE = "model.safetensors"
@@ -43,10 +44,16 @@ def _offline() -> bool:
 def download(repo_id: str, filename: str, revision: str | None = None, missing_ok: bool = False) -> str | None:
     """The local path of one file of a hub repo (cache first); None if missing_ok and the repo lacks it
     (or, offline, the cache does)."""
-    from huggingface_hub import hf_hub_download
+    from huggingface_hub import hf_hub_download, try_to_load_from_cache
     from huggingface_hub.errors import EntryNotFoundError, LocalEntryNotFoundError
 
     where = f"{repo_id}@{revision or 'main'}"
+    down = hub_unreachable()  # one quick probe: an unreachable hub is not retried for minutes
+    if down:  # the cache alone (a local_files_only download would still ask the hub for its agent registry)
+        cached = try_to_load_from_cache(repo_id, filename, revision=revision)
+        if isinstance(cached, str):
+            return cached
+        raise HubUnavailable(f"{where}: no {filename} in the local cache, and {down}")
     try:
         return hf_hub_download(repo_id, filename, revision=revision)
     except EntryNotFoundError as e:
@@ -139,6 +146,8 @@ def _hashes_from_api(repo: str, files: list[str]) -> dict[str, str]:
     from huggingface_hub import HfApi
 
     commit = Path(files[0]).parent.name
+    if hub_unreachable():
+        return {}
     try:
         infos = HfApi().get_paths_info(repo, [Path(f).name for f in files], revision=commit)
     except Exception:  # no answer: the files stay unchecked, as offline

@@ -3,7 +3,9 @@
 Torch-free. Only metadata is read: the listing (with the hub's own safetensors parameter count), and each
 repo's config.json at the listed commit; never a weights file. The endpoint is huggingface_hub's (HF_ENDPOINT).
 Each failure is classified, so that the indexer records it with its reason and knows whether a rerun
-should try again: "gated" (no access without a token), "no-config", "transient" (network, server).
+should try again: "gated" (no access without a token), "no-config" (the repo has no config.json),
+"transient" (network, server); "config" (a config.json that is unreadable, too large or not an object: an
+InvalidRecipe) and "remote-code" are recorded by zoo.hub_indexer.
 """
 
 import json
@@ -15,6 +17,7 @@ from pathlib import Path
 
 from zoo.errors import CheckpointError, HubUnavailable, InvalidRecipe
 from zoo.weights.paths import open_regular
+from zoo.weights.reach import hub_unreachable
 
 # What one listing call asks the hub for, per repo: everything a row records, so no per-repo API call is needed.
 EXPAND = ["sha", "lastModified", "downloads", "likes", "gated", "pipeline_tag", "tags", "safetensors"]
@@ -39,6 +42,9 @@ def list_repos(author=None, search=None, filter=None, limit=None) -> list[HubRep
     """The hub's models matching the arguments (huggingface_hub follows the listing's Link-header pages)."""
     from huggingface_hub import HfApi
 
+    down = hub_unreachable()
+    if down:
+        raise HubUnavailable(f"listing the hub's models failed: {down}", "transient")
     try:
         return [_from_info(m) for m in HfApi().list_models(author=author, search=search, filter=filter,
                                                            limit=limit, expand=EXPAND)]
@@ -58,9 +64,15 @@ def fetch_config(repo: HubRepo) -> dict:
     """The repo's config.json at the listed commit (downloaded into huggingface_hub's cache, or the cached copy)."""
     if repo.config_path:
         return read_config(Path(repo.config_path))
-    from huggingface_hub import hf_hub_download
+    from huggingface_hub import hf_hub_download, try_to_load_from_cache
     from huggingface_hub.errors import EntryNotFoundError, GatedRepoError, HfHubHTTPError, LocalEntryNotFoundError
 
+    down = hub_unreachable()  # the cached copy alone, at once, when the hub does not answer
+    if down:
+        cached = try_to_load_from_cache(repo.repo_id, "config.json", revision=repo.sha)
+        if not isinstance(cached, str):
+            raise HubUnavailable(f"{repo.repo_id}: config.json not in the local cache, and {down}", "transient")
+        return read_config(Path(cached))
     try:
         return read_config(Path(hf_hub_download(repo.repo_id, "config.json", revision=repo.sha)))
     except GatedRepoError:
