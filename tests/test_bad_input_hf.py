@@ -188,6 +188,29 @@ def test_5_local_cache_goes_on_past_a_repo_with_a_bad_name(tmp_path, monkeypatch
     assert [m.name for m in zoo.connect(url).search("")] == ["hf/cached-org/good"]
 
 
+def test_5_an_unreadable_cached_config_is_recorded_as_the_documented_kind_config(tmp_path, monkeypatch):
+    """A cached config.json that is not a JSON object is recorded with the failure kind "config", and the docs of
+    the kinds (zoo.weights.hub_listing, zoo.errors.HubUnavailable) name it, not "no-config" (a repo without one)."""
+    from huggingface_hub import constants
+
+    from tests.test_hf import populate_cache
+    from zoo.errors import HubUnavailable
+    from zoo.weights import hub_listing
+
+    folder = tmp_path / "src"
+    folder.mkdir()
+    (folder / "config.json").write_text("[1, 2]")
+    populate_cache(tmp_path / "hub", "cached-org/listed", folder)
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    url = f"sqlite:///{tmp_path / 'r.db'}"
+    outcome = zoo.connect(url).index_hub(local_cache=True)
+    assert outcome.failed["hf/cached-org/listed"].startswith("InvalidRecipe"), outcome
+    assert zoo.connect(url).info("hf/cached-org/listed").card["failure"] == "config"
+    for doc in (hub_listing.__doc__, HubUnavailable.__doc__):
+        assert '"config" (a config.json' in " ".join(doc.split()), doc
+
+
 def test_4_a_build_of_too_many_tensors_is_refused(tmp_path, monkeypatch):
     """The bound behind the layer counts, for whatever else a config multiplies (experts, blocks under a key zoo
     does not know): past the tensors any real model has, the build ends with a typed error. The bound is lowered

@@ -130,7 +130,9 @@ def _first(keys, n: int = 8) -> str:
 
 class HubUnavailable(ZooError, ConnectionError):
     """A Hugging Face hub file is neither in the local cache nor downloadable (offline, not found, gated).
-    `kind`, where known, says why, so a bulk index knows whether to retry: gated, no-config, transient."""
+    `kind`, where known, says why, so a bulk index knows whether to retry: "gated", "no-config" (the repo has
+    none), "transient". A bulk index records a config that fails otherwise as "config" (a config.json that is
+    unreadable, too large or not an object: an InvalidRecipe) or "remote-code"."""
 
     def __init__(self, message: str = "", kind: str | None = None):
         super().__init__(message)
