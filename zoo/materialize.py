@@ -213,22 +213,32 @@ def _load(slots, source: Source, device, dtype, strict, key_map, copy, cast_non_
     if copy is not True and device.type == "cpu" and isinstance(source, SafetensorsSource):
         plan = _map_file_views(plan, source, dtype, cast_non_persistent)
     _allocate_slots([*plan.values(), *fused], device, dtype, cast_non_persistent)
-    reads = [(key, slot.new, slot.box) for key, slot in plan.items()]
-    reads += [(key, dest, None) for key, (slot, part) in parts.items() for dest in _piece(key, slot, part)]
+    # (key, slot, part): no local holds a new tensor (a traceback keeps its frames' locals; on an error the
+    # slots must be the only holders)
+    reads = [(key, slot, None) for key, slot in plan.items()]
+    reads += [(key, slot, part) for key, (slot, part) in parts.items()]
     if device.type in STREAMED and isinstance(source, SafetensorsSource):
         # contiguous byte ranges stream through the pinned ring; a box strided in the file is read on the host
-        streamed = [(key, dest, _rows(key, box, source)) for key, dest, box in reads]
-        stream_into([job for job in streamed if job[2] is not False], source, device)
-        reads = [read for read, job in zip(reads, streamed) if job[2] is False]
-    parallel(lambda read: _read(source, *read), reads, lambda read: read[1].nbytes)
+        strided = [part is None and _rows(key, slot.box, source) is False for key, slot, part in reads]
+        stream_into([(key, dest, _rows(key, box, source)) for (key, slot, part), host in zip(reads, strided)
+                     if not host for dest, box in _destinations(key, slot, part)], source, device)
+        reads = [read for read, host in zip(reads, strided) if host]
+    parallel(lambda read: _read(source, *read), reads,
+             lambda read: read[1].new.nbytes // (1 if read[2] is None else read[1].local_shape[0] * read[2].pieces))
     if missing:  # strict=False: the constructor's own values, as if these keys were never asked for
         _from_constructor(missing, device, recipe, constructed)
     return result
 
 
-def _read(source: Source, key: str, dest: torch.Tensor, box) -> None:
-    populate(dest)
-    source.read_into(key, dest, box)
+def _read(source: Source, key: str, slot: Slot, part) -> None:
+    for dest, box in _destinations(key, slot, part):
+        populate(dest)
+        source.read_into(key, dest, box)
+
+
+def _destinations(key: str, slot: Slot, part) -> list:
+    """(tensor, box) a key is read into: the slot's tensor and box, or the piece of a fused tensor."""
+    return [(slot.new, slot.box)] if part is None else [(dest, None) for dest in _piece(key, slot, part)]
 
 
 def _rows(key: str, box, source: Source):
