@@ -133,14 +133,22 @@ def test_copies_behave_as_the_library_models_copies(sample, name, how):
 
 # --- torch.compile -----------------------------------------------------------------------------------------
 
+@pytest.fixture(scope="session")
+def inductor_dir(tmp_path_factory):
+    """One inductor cache for the session, not one per test: torch remembers the precompiled header it built
+    first and includes it in later compiles, so a per-test directory, removed once its test passed, broke the
+    next compile (g++: header not found). pytest removes it with the session's temporary files."""
+    return tmp_path_factory.mktemp("inductor")
+
+
 @pytest.fixture
-def fresh_dynamo(tmp_path, monkeypatch):
-    """Dynamo's caches reset around a test; inductor's files in tmp_path, not in /tmp for good: its kernel
-    cache, and its precompiled headers (150 MB), whose directory torch fixes at import from the default one."""
+def fresh_dynamo(inductor_dir, monkeypatch):
+    """Dynamo's caches reset around a test; inductor's files in the session's temporary directory, not in /tmp
+    for good: its kernel cache, and its precompiled headers (150 MB), whose directory torch fixes at import."""
     from torch._inductor import codecache
 
-    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
-    headers = tmp_path / "inductor" / "precompiled_headers"
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(inductor_dir))
+    headers = inductor_dir / "precompiled_headers"
     monkeypatch.setattr(codecache, "_HEADER_DIR", str(headers), raising=False)
     monkeypatch.setattr(codecache, "_HEADER_LOCK_DIR", str(headers / "locks"), raising=False)
     torch._dynamo.reset()
