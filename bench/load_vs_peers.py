@@ -12,7 +12,8 @@ Loads, every one in a fresh process with the page cache warm, in alternating ord
   dcp            DCP's HuggingFaceStorageReader into the meta-built model after to_empty
   timm           timm.create_model(name, pretrained=True, pretrained_cfg_overlay=dict(file=FILE)) (ViT-L)
   floor          preadv of the files into private memory (same dtype), or mmap + cast per tensor (fp32 -> bf16)
-Columns (medians): load s (the loading call, model built included), touched s (load plus reading every
+Columns (medians): load s (the loading call, model built included; zoo's materialize alone is its `read`
+in --json and the copy=True line), touched s (load plus reading every
 page of every tensor once), process s (interpreter start to exit), peak RSS over the model's bytes.
 Every tensor of every loader is compared bitwise (a digest per tensor, first round).
 
@@ -59,19 +60,30 @@ touched_s = time.perf_counter() - t
 peak = status('VmHWM')
 digest = {{k: hashlib.blake2b(v.detach().contiguous().reshape(-1).view(torch.uint8).numpy()).hexdigest()
           for k, v in sorted(tensors.items())}} if {digest} else None
-print(json.dumps(dict(load=load_s, touched=touched_s, rss=peak - before, digest=digest)))
+print(json.dumps(dict(load=load_s, read=globals().get("read_s", load_s), touched=touched_s, rss=peak - before,
+                 digest=digest)))
 """
 
 LOADERS = {
     "zoo": """
-import torch, zoo, timm, transformers  # the libraries the model needs, imported before the clock as the peers do
+import torch, zoo, {library}  # the library the model needs, imported before the clock as the peers do
 def load():
-    return zoo.connect({url!r}).get({name!r}).materialize(weights={path!r}, dtype={dtype})
+    global read_s
+    model = zoo.connect({url!r}).get({name!r})
+    t = time.perf_counter()
+    model.materialize(weights={path!r}, dtype={dtype})
+    read_s = time.perf_counter() - t
+    return model
 """,
     "zoo copy=True": """
-import torch, zoo, timm, transformers
+import torch, zoo, {library}
 def load():
-    return zoo.connect({url!r}).get({name!r}).materialize(weights={path!r}, dtype={dtype}, copy=True)
+    global read_s
+    model = zoo.connect({url!r}).get({name!r})
+    t = time.perf_counter()
+    model.materialize(weights={path!r}, dtype={dtype}, copy=True)
+    read_s = time.perf_counter() - t
+    return model
 """,
     "transformers": """
 import torch, transformers
@@ -192,7 +204,8 @@ def run_one(loader: str, case: str, registry: dict, digest: bool) -> dict:
     path = str(WORK / checkpoint)
     name = f"timm/{VIT}" if case == "vit" else "hf/bench/llama-1.1b"
     url = None if case == "vit" else registry["url"]
-    body = LOADERS[loader].format(url=url, name=name, path=path, dtype=dtype, vit=VIT)
+    library = "timm" if case == "vit" else "transformers"  # importing timm too cost a Llama's process 0.6 s at exit
+    body = LOADERS[loader].format(url=url, name=name, path=path, dtype=dtype, vit=VIT, library=library)
     code = HEADER + body + MEASURE.format(digest=digest)
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT)}
     if url is None:
@@ -245,7 +258,8 @@ def bench(cases, rounds: int) -> dict:
                 continue
             mine = digests.get(loader, {})
             common = sorted(set(mine) & set(reference or {}))
-            rows[loader] = {key: statistics.median(o[key] for o in good) for key in ("load", "touched", "process")}
+            rows[loader] = {key: statistics.median(o[key] for o in good)
+                            for key in ("load", "read", "touched", "process")}
             rows[loader]["rss_over_model"] = statistics.median(o["rss"] for o in good) / model_bytes
             rows[loader]["bitwise"] = (f"{sum(mine[k] == reference[k] for k in common)}/{len(common)} equal"
                                        if reference and common else "-")
@@ -271,8 +285,10 @@ def print_table(results: dict) -> None:
             if peer in rows and "load" in rows[peer] and "load" in zoo:
                 print(f"  zoo / {peer}: load {zoo['load'] / rows[peer]['load']:.2f}, touched "
                       f"{zoo['touched'] / rows[peer]['touched']:.2f} (<= 1 is zoo at least as fast)")
-        if "zoo copy=True" in rows and "floor" in rows and "load" in rows["zoo copy=True"]:
-            print(f"  zoo copy=True at {100 * rows['floor']['load'] / rows['zoo copy=True']['load']:.0f}% of the floor")
+        copied = rows.get("zoo copy=True", {})
+        if "floor" in rows and "read" in copied:  # the read alone: the meta build is in `load s` above
+            print(f"  zoo copy=True: materialize {copied['read']:.2f} s, at {100 * rows['floor']['load'] / copied['read']:.0f}%"
+                  " of the floor's read into fresh memory (bench/load_memory.py compares it with touched memory)")
 
 
 def main() -> None:

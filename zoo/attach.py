@@ -25,7 +25,7 @@ class Materializer:
 
     def __call__(self, device="cpu", weights=None, dtype=None, strict=True, key_map=None, copy=None,
                  cast_non_persistent=False, reinit=False, only_meta=False):
-        from zoo.indexer import CONSTRUCTOR_TAG
+        from zoo.constants import CONSTRUCTOR_TAG
         from zoo.materialize import load_into
         from zoo.pretrained import published_tag
 

@@ -1,4 +1,4 @@
-"""Every environment variable zoo reads, and the defaults they override."""
+"""Every environment variable zoo reads, the defaults they override, and names both the reader and the writer use."""
 
 import os
 from pathlib import Path
@@ -71,3 +71,8 @@ def cache_dir() -> Path:
     if value:
         return Path(value).expanduser()
     return Path(os.environ.get("XDG_CACHE_HOME", "").strip() or Path.home() / ".cache").expanduser() / "zoo"
+
+
+# The weights tag of files a constructor reads itself (a builder's own checkpoint): the indexer records it,
+# materialize reads it, so it lives below both (the read path imports no writer, hence no SQLAlchemy).
+CONSTRUCTOR_TAG = "constructor"

@@ -7,6 +7,7 @@ import time
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from dataclasses import dataclass, field
 
+from zoo.constants import CONSTRUCTOR_TAG
 from zoo.errors import InvalidArgument, InvalidRecipe, ModelExists, ZooError, reason
 from zoo.families import family
 from zoo.recipe import Recipe
@@ -26,7 +27,6 @@ class Outcome:
         return {**out, "timings": self.timings} if self.timings else out  # built models only
 
 
-CONSTRUCTOR_TAG = "constructor"
 
 
 def is_constructor_tag(tag: str) -> bool:
