@@ -51,6 +51,16 @@ class Column:
         return json.dumps(list(value)) if self.kind == "shape" else json.dumps(value, separators=(",", ":"))
 
 
+# Measured throughput, one column per hardware and mode, named MODE_HARDWARE_PRECISION (each with a _batch twin):
+# hardware measured later is one more entry here, a migration and a file in zoo.families.timm.BENCHMARKS.
+THROUGHPUT = {
+    "infer_4090_amp": "inference on an RTX 4090, AMP, NCHW (PyTorch 2.9.1, CUDA 12.8)",
+    "infer_5090_amp": "inference on an RTX 5090, AMP, NCHW (PyTorch 2.9.1, CUDA 13.0)",
+    "infer_pro6000_amp": "inference on an RTX PRO 6000 Max-Q, AMP, NCHW (PyTorch 2.9.1, CUDA 13.0)",
+    "infer_i7_12700h_fp32": "inference on an Intel i7-12700H CPU, fp32, torch.compile, batch 1 (PyTorch 2.4.0)",
+    "train_3090_amp": "training steps on an RTX 3090, AMP (PyTorch 1.12, CUDA 11.3)",
+}
+
 COLUMNS: tuple[Column, ...] = (
     Column("name", "text", "full name: family/builder, e.g. timm/resnet50", size=255, nullable=False, unique=True,
            searchable=True),
@@ -119,6 +129,15 @@ COLUMNS: tuple[Column, ...] = (
     Column("top1", "float", "top-1 accuracy on ImageNet-1k validation, as published", indexed=True,
            searchable=True, unit="%"),
     Column("top5", "float", "top-5 accuracy on ImageNet-1k validation, as published", searchable=True, unit="%"),
+    # timm evaluates some tags twice: at input_size (top1, flops, ... pair) and at a larger test size
+    Column("test_top1", "float", "top-1 on ImageNet-1k validation at test_input_size (timm's larger test size), "
+           "where published; top1 is the result at input_size", searchable=True, unit="%"),
+    Column("test_top5", "float", "top-5 at test_input_size, where published", searchable=True, unit="%"),
+    Column("test_input_size", "shape", "the size test_top1 and test_flops are at, e.g. [3, 288, 288]", size=64),
+    Column("test_flops", "int", "inference FLOPs at batch 1 at test_input_size (measured on meta, as flops is at "
+           "input_size)", searchable=True, unit="FLOPs"),
+    Column("pretrain", "text", "the data the weights were pretrained on before ImageNet-1k, as timm publishes it "
+           "(in1k, in21k, in12k, laion2b, ...)", size=64, searchable=True),
     Column("real_top1", "float", "top-1 on ImageNet-ReaL labels", searchable=True, unit="%"),
     Column("real_top5", "float", "top-5 on ImageNet-ReaL labels", searchable=True, unit="%"),
     Column("v2_top1", "float", "top-1 on ImageNetV2 matched-frequency", searchable=True, unit="%"),
@@ -164,6 +183,12 @@ COLUMNS: tuple[Column, ...] = (
     Column("last_modified", "datetime", "hub repo's last modification"),
     Column("hub_params", "int", "the hub's parameter count from the safetensors metadata", searchable=True,
            unit="elements"),
+    # timm's published throughput (catalog/timm-results/benchmark-*.csv), at the row's own input size only
+    *(col for name, doc in THROUGHPUT.items() for col in (
+        Column(name, "float", f"{doc}, at the row's input_size, as timm published it; empty where it was not "
+               "measured at that size", searchable=True, unit="samples/s"),
+        Column(f"{name}_batch", "int", f"the batch size {name} was measured at", wide=False, searchable=True,
+               unit="samples"))),
 )
 
 BY_NAME = {c.name: c for c in COLUMNS}
