@@ -4,7 +4,8 @@ migrations create and change them."""
 from datetime import datetime
 
 from sqlalchemy import (
-    BigInteger, Column, DateTime, Float, ForeignKey, Index, Integer, LargeBinary, String, Table, Text, UniqueConstraint,
+    BigInteger, Boolean, Column, DateTime, Float, ForeignKey, Index, Integer, LargeBinary, String, Table, Text,
+    UniqueConstraint,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
@@ -84,3 +85,32 @@ class Weights(Base):
     sha256: Mapped[str] = mapped_column(String(64))
     bytes: Mapped[int] = mapped_column(BigInteger)
     added_at: Mapped[datetime] = mapped_column(DateTime)
+
+
+class Measurement(Base):
+    """One throughput measurement by `zoo bench` (zoo.benchmark): a model, the hardware it ran on, the mode
+    (infer/train, dtype, batch, torch.compile, channels_last, threads), the result, and who measured it when
+    with which library versions. Rows from everyone's machines sit side by side in a team's registry."""
+
+    __tablename__ = "measurements"
+    __table_args__ = (Index("ix_measurements_model_device_mode", "model_id", "device", "mode", "samples_per_s"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    model_id: Mapped[int] = mapped_column(ForeignKey("models.id", ondelete="CASCADE"))
+    hardware: Mapped[str] = mapped_column(String(255))  # the GPU's or CPU's model name
+    device: Mapped[str] = mapped_column(String(16))  # cpu or cuda
+    mode: Mapped[str] = mapped_column(String(16))  # infer or train
+    dtype: Mapped[str] = mapped_column(String(16))
+    batch: Mapped[int] = mapped_column(Integer)
+    compiled: Mapped[bool] = mapped_column(Boolean)
+    channels_last: Mapped[bool] = mapped_column(Boolean)
+    threads: Mapped[int] = mapped_column(Integer)
+    inputs: Mapped[str] = mapped_column(Text)  # JSON: [{name, shape, dtype}] at this batch
+    samples_per_s: Mapped[float] = mapped_column(Float)
+    step_ms: Mapped[float] = mapped_column(Float)
+    peak_bytes: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    steps: Mapped[int] = mapped_column(Integer)
+    warmup: Mapped[int] = mapped_column(Integer)
+    versions: Mapped[str] = mapped_column(Text)  # JSON: torch, timm, torchvision, zoo
+    who: Mapped[str] = mapped_column(String(255))  # user@host
+    measured_at: Mapped[datetime] = mapped_column(DateTime)

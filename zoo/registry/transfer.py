@@ -4,10 +4,10 @@ from sqlalchemy import Table, delete, func, select, text
 
 from zoo.errors import RegistryError
 from zoo.registry import db
-from zoo.registry.tables import Model, ModelTensors, Weights
+from zoo.registry.tables import Measurement, Model, ModelTensors, Weights
 
 # Parents before children (foreign keys); each with the key it is read in order of.
-TABLES: tuple[Table, ...] = (Model.__table__, ModelTensors.__table__, Weights.__table__)
+TABLES: tuple[Table, ...] = (Model.__table__, ModelTensors.__table__, Weights.__table__, Measurement.__table__)
 _BATCH = 500
 
 
