@@ -13,7 +13,7 @@ import warnings
 from dataclasses import dataclass, field
 
 from zoo.columns import BY_NAME
-from zoo.errors import reason
+from zoo.errors import ZooError, reason
 from zoo.families import family
 from zoo.recipe import Recipe
 
@@ -87,36 +87,24 @@ def record_with_build(name, recipe, trusted=None, variant=None, inputs=None, kno
     try:
         built, same = _build(recipe, trusted, fam, arch)
         module, summary = built.module, built.summary
-        described = fam.describe(recipe.builder, module, **({"tag": variant["tag"]} if variant else {}))
+        from zoo.analysis.inputs import described as row_inputs  # the one resolver scan and estimate use too
+
+        described = row_inputs(recipe, module, variant["tag"] if variant else None, inputs)
         llm = {}
         if recipe.family == "hf":  # language-model fields from the built module and its config
             from zoo.analysis.llm import llm_fields
 
             llm = llm_fields(module, module.config)
     except Exception as e:  # recorded, not raised: one broken model must not stop an index run
-        return {**base, "status": "error", "error": reason(e.__cause__ or e),
+        return {**base, "status": "error", "error": _failure(e),
                 "timing": {"build_s": round(time.perf_counter() - started, 4)}}, None, None
     built_at = time.perf_counter()
     spec = described.get("input")
-    if spec is None and inputs:
-        from zoo.analysis.inputs import spec_of_inputs
-
-        spec = spec_of_inputs(inputs)
-    at = json.dumps(spec, sort_keys=True)
-    analysed = built.analysed.get(at)
-    if analysed:  # this very module at this input (a variant's construction equal to its architecture's)
-        digest, analysis, reused = *analysed, True
-    else:
-        from zoo.structure import structure_digest
-
-        # the analysis also depends on the libraries and on zoo's analysis code: both are part of the key
-        digest = structure_digest(module, (spec, base["versions"], RECORD_VERSION))
-        reused = known is not None and digest in known
-        analysis = dict(known[digest]) if reused else _analyze(module, spec)
-        if analysis.get("scan_status") == "ok":  # a timeout or an error is not passed on
-            built.analysed[at] = digest, analysis
-            if known is not None and digest is not None:
-                known[digest] = analysis
+    digest, analysis, reused = _analysis_at(built, spec, base["versions"], known)
+    test_size = (variant or {}).get("test_input_size")
+    if test_size and spec and len(spec.get("args", ())) == 1:  # the cost at timm's larger test size too
+        at_test = _analysis_at(built, {**spec, "args": [list(test_size)]}, base["versions"], known)[1]
+        analysis = {**analysis, "test_flops": at_test.get("flops")}
     cls = type(module)
     row = {
         # seconds per stage, for `zoo index --json` (not a column: write_model takes only COLUMNS)
@@ -137,7 +125,37 @@ def record_with_build(name, recipe, trusted=None, variant=None, inputs=None, kno
     return row, summary.tensor_table, built
 
 
+def _analysis_at(built: _Built, spec, versions: str, known: dict | None) -> tuple:
+    """(structure digest, analysis columns, reused) of a build at an input spec: this very module's analysis at
+    that input if it ran (a variant's construction equal to its architecture's), else a known one of the same
+    structure, else a new one."""
+    at = json.dumps(spec, sort_keys=True)
+    if at in built.analysed:
+        return *built.analysed[at], True
+    from zoo.structure import structure_digest
+
+    # the analysis also depends on the libraries and on zoo's analysis code: both are part of the key
+    digest = structure_digest(built.module, (spec, versions, RECORD_VERSION))
+    reused = known is not None and digest in known
+    analysis = dict(known[digest]) if reused else _analyze(built.module, spec)
+    if analysis.get("scan_status") == "ok":  # a timeout or an error is not passed on
+        built.analysed[at] = digest, analysis
+        if known is not None and digest is not None:
+            known[digest] = analysis
+    return digest, analysis, reused
+
+
 _INT_BITS = {c.name: 64 if c.wide else 32 for c in BY_NAME.values() if c.kind == "int"}
+
+
+def _failure(e: Exception) -> str:
+    """A recorded failure: zoo's typed error first (BuildFailed, InvalidRecipe, ...), then the library's own
+    exception it wraps and the model code it came from, so a reader can both sort failures and find their cause."""
+    if not isinstance(e, ZooError):
+        return f"BuildFailed: {reason(e)}"  # describe or the LLM fields reading what the constructor made
+    if e.__cause__ is None:
+        return reason(e)
+    return f"{type(e).__name__}: {reason(e.__cause__)}"
 
 
 def _out_of_range(row: dict, kwargs: dict) -> str | None:
