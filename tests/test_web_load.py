@@ -166,13 +166,19 @@ def _alive(pid: int) -> bool:
         return False
 
 
+def _held_estimate(base: str, started, answers: list) -> tuple[threading.Thread, int]:
+    """An estimate of user/gated sent in a thread, held in its worker until the test removes the gate file:
+    the thread (its answer goes to `answers`) and the worker's pid once the build has started."""
+    heavy = threading.Thread(target=lambda: answers.append(fetch(base + "/api/estimate/user/gated?batch=2")))
+    heavy.start()
+    return heavy, _pid_written(started)
+
+
 def test_heavy_work_runs_in_a_worker_process_that_a_cheap_request_does_not_wait_for(gated):
     url, gate, started = gated
     answers: list[tuple] = []
     with serving_app(web_app.create_app(url)) as base:
-        heavy = threading.Thread(target=lambda: answers.append(fetch(base + "/api/estimate/user/gated?batch=2")))
-        heavy.start()
-        worker = _pid_written(started)
+        heavy, worker = _held_estimate(base, started, answers)
         assert worker != os.getpid() and _alive(worker)  # built in another process than the server's
         assert fetch(base + "/api/search?q=family%3Duser", timeout=60)[0] == 200 and not answers
         gate.unlink()
@@ -188,9 +194,7 @@ def test_a_worker_killed_mid_request_is_a_clear_500_and_the_next_heavy_request_g
     url, gate, started = gated
     answers: list[tuple] = []
     with serving_app(web_app.create_app(url)) as base:
-        heavy = threading.Thread(target=lambda: answers.append(fetch(base + "/api/estimate/user/gated?batch=2")))
-        heavy.start()
-        worker = _pid_written(started)
+        heavy, worker = _held_estimate(base, started, answers)
         started.unlink()
         os.kill(worker, signal.SIGKILL)
         heavy.join(300)
