@@ -157,8 +157,8 @@ class Zoo:
 
         module = templates.cached(key, build)
         module.__dict__["_zoo_recipe"] = recipe
-        if inputs:  # a user builder's recorded input spec: scan and estimate run with it
-            module.__dict__["_zoo_inputs"] = inputs
+        # scan and estimate run with the row's own inputs (zoo.analysis.inputs.described): a variant's tag, a user's
+        module.__dict__.update(_zoo_tag=info.tag if info.kind == "variant" else None, _zoo_inputs=inputs)
         module.__dict__["materialize"] = Materializer(module, self.url, info.name)
         return module
 

@@ -161,7 +161,37 @@ def index_installed(url: str, patterns=(), jobs: int = 1, force: bool = False, p
             arch = f"{name}/{builder}"
             groups.append([(arch, Recipe(name, builder), None), *by_arch.pop(arch, [])])
         groups += by_arch.values()  # variants whose architecture the patterns leave out
-    return _index_groups(url, INSTALLED, groups, jobs, force, progress)
+    outcome = _index_groups(url, INSTALLED, groups, jobs, force, progress)
+    record_measured(url, family("timm").read_measured(results or default_results()), patterns)
+    return outcome
+
+
+def record_measured(url: str, measured: dict, patterns=()) -> int:
+    """timm's published throughput on its architecture rows, each at the row's own input size (a variant records
+    its own with its published data): data, not a build, so it is set on the stored rows and the rows are not
+    rebuilt. Returns how many rows changed."""
+    import json
+
+    from sqlalchemy import select, update
+
+    from zoo.registry.tables import models
+
+    timm = family("timm")
+    changed = 0
+    with db.session(url, write=True) as s:
+        rows = s.execute(select(models.c.id, models.c.builder, models.c.input_size, *(
+            models.c[c] for c in timm.measured("", None, {}))).where(
+            models.c.family == "timm", models.c.kind == "architecture")).all()
+        wanted = set(timm.available(patterns))
+        for row in rows:
+            if row.builder not in wanted:
+                continue
+            now = timm.measured(row.builder, json.loads(row.input_size) if row.input_size else None, measured)
+            if any(getattr(row, k) != v for k, v in now.items()):
+                s.execute(update(models).where(models.c.id == row.id).values(**now))
+                changed += 1
+        s.commit()
+    return changed
 
 
 def _index_groups(url: str, families, groups: list, jobs: int, force: bool, progress) -> Outcome:

@@ -133,6 +133,7 @@ def info_rows(info) -> list[tuple[str, str]]:
                   f"{human(info.buffer_bytes, 'B')} buffers, {info.dtype})" if info.bytes is not None else "-"),
         ("status", info.status + (f": {info.error}" if info.error else "")),
         *(analysis_rows(info) if info.status == "ok" else []),
+        *published_rows(info),
         ("versions", ", ".join(f"{k} {v}" for k, v in info.versions.items()) or "-"),
         ("indexed", info.indexed_at.isoformat(timespec="seconds")),
     ]
@@ -160,6 +161,28 @@ def variant_rows(info) -> list[tuple[str, str]]:
             if isinstance(values, dict) else {"": values}
         rows.append((f"metrics {dataset}", compact(shown)))
     rows += [(f"card {k}", str(v)) for k, v in (info.card or {}).items()]
+    return rows
+
+
+def published_rows(info) -> list[tuple[str, str]]:
+    """Published numbers with the size each is at: top1 and the throughput at the row's input size, the test-size
+    result and its FLOPs at test_input_size."""
+    from zoo.columns import THROUGHPUT
+
+    def px(size) -> str:
+        return "x".join(map(str, size[-2:])) if size else "?"
+
+    rows = []
+    if info.top1 is not None:
+        rows.append(("top1", f"{info.top1}% at {px(info.input_size)} (input size; flops are at it too)"))
+    if info.test_top1 is not None:
+        cost = f", {si(info.test_flops, 'FLOPs')}" if info.test_flops is not None else ""
+        rows.append(("test_top1", f"{info.test_top1}% at {px(info.test_input_size)} (test size{cost})"))
+    rows += [(column, f"{getattr(info, column):,.0f} samples/s at {px(info.input_size)}, batch "
+                      f"{getattr(info, column + '_batch')} (timm's published benchmark)")
+             for column in THROUGHPUT if getattr(info, column) is not None]
+    if info.pretrain:
+        rows.append(("pretrain", info.pretrain))
     return rows
 
 

@@ -56,18 +56,25 @@ def has_sequence(spec: dict) -> bool:
     return any("seq" in (a["shape"] if isinstance(a, dict) else a) for a in args)
 
 
+def described(recipe, module, tag: str | None = None, inputs: list | None = None) -> dict:
+    """What a row's family says of its built module, {task, input_size, input}, at the row's own inputs: a
+    variant's at its weights' size (its tag), a user builder's from its recorded inputs. The index records a row
+    with it, and scan and estimate of a gotten module run with it: one answer to "what does this row take"."""
+    from zoo.families import family
+
+    out = family(recipe.family).describe(recipe.builder, module, **({"tag": tag} if tag else {}))
+    if out.get("input") is None and inputs:
+        out = {**out, "input": spec_of_inputs(inputs)}
+    return out
+
+
 def input_spec_of(module: nn.Module) -> dict | None:
-    """The input spec of a module that zoo.get built: its family's describe(), else the spec recorded
-    with the row (a user builder indexed with --input); None if it has none."""
+    """The input spec of a module that zoo.get built, as its row was recorded with (described); None if it
+    has none."""
     recipe = getattr(module, "_zoo_recipe", None)
     if recipe is None:
         return None
-    from zoo.families import family
-
-    spec = family(recipe.family).describe(recipe.builder, module).get("input")
-    if spec is None and module.__dict__.get("_zoo_inputs"):
-        spec = spec_of_inputs(module.__dict__["_zoo_inputs"])
-    return spec
+    return described(recipe, module, module.__dict__.get("_zoo_tag"), module.__dict__.get("_zoo_inputs"))["input"]
 
 
 def inputs_of(spec: dict) -> list[dict]:

@@ -94,6 +94,7 @@ def read_results(folder) -> dict:
             for row in csv.DictReader(f):
                 by_tag.setdefault(row.pop("model"), []).append({k: _number(v) for k, v in row.items()})
         out[name] = by_tag
+    out["measured"] = read_measured(folder)
     return out
 
 
@@ -115,6 +116,9 @@ def variants(patterns=(), results: dict | None = None) -> list[dict]:
         cfg = get_pretrained_cfg(full).to_dict()
         arch, tag = full.split(".", 1)
         metrics, floats = _metrics(full, cfg, results or {})
+        if "measured" in (results or {}):  # a results folder with timm's benchmarks and metadata
+            floats.update(measured(arch, cfg.get("input_size"), results["measured"]),
+                          pretrain=results["measured"].get("pretrain", {}).get(full))
         rows.append({
             "builder": full, "kwargs": {}, "kind": "variant", "tag": tag, "arch_name": f"{NAME}/{arch}",
             # timm publishes no dataset field: its tag names the data (in1k, in21k_ft_in1k, laion2b_ft_in12k_in1k)
@@ -141,19 +145,77 @@ def _plain(value):
 
 
 def _metrics(tag: str, cfg: dict, results: dict) -> tuple[dict, dict]:
-    """The tag's published results, {set: {metric: value}}, and the searchable floats (top1, real_top1, ...).
-    A tag evaluated at several sizes: the row at its test size (else its input size) is `set`, the others
-    `set@SIZE`."""
-    sizes = [s[-1] for s in (cfg.get("test_input_size"), cfg.get("input_size")) if s]
+    """The tag's published results, {set: {metric: value}}, and the searchable floats (top1, real_top1, ...), all
+    at the tag's input size, so that they pair with its flops; the result at its larger test size is test_top1 and
+    test_top5 (ImageNet-1k only) with test_input_size. A tag evaluated at several sizes: the row at its input size
+    (else the first published) is `set`, the others `set@SIZE`."""
+    size = (cfg.get("input_size") or [None])[-1]
+    test = cfg.get("test_input_size")
     metrics, floats = {}, {}
     for name, prefix in RESULT_SETS.items():
         found = results.get(name, {}).get(tag, [])
         if not found:
             continue
-        main = next((r for size in sizes for r in found if r.get("img_size") == size), found[0])
-        metrics[name] = main
+        main = next((r for r in found if r.get("img_size") == size), None)
+        metrics[name] = main or found[0]
         for other in found:
-            if other is not main:
+            if other is not metrics[name]:
                 metrics[f"{name}@{other.get('img_size')}"] = other
-        floats[f"{prefix}top1"], floats[f"{prefix}top5"] = main.get("top1"), main.get("top5")
+        if main is not None:  # never a number at another size in a column that says input_size
+            floats[f"{prefix}top1"], floats[f"{prefix}top5"] = main.get("top1"), main.get("top5")
+        at_test = next((r for r in found if test and r.get("img_size") == test[-1] != size), None)
+        if name == "imagenet" and at_test is not None:
+            floats.update(test_top1=at_test.get("top1"), test_top5=at_test.get("top5"), test_input_size=list(test))
     return metrics, floats
+
+
+# timm's published throughput (catalog/timm-results, see its README): column (zoo.columns.THROUGHPUT) -> file.
+# Each file measured architectures (not tags) at one or more sizes; a row takes the measurement at its own size.
+BENCHMARKS = {
+    "infer_4090_amp": "benchmark-infer-amp-nchw-pt291-cu128-4090.csv",
+    "infer_5090_amp": "benchmark-infer-amp-nchw-pt291-cu130-5090.csv",
+    "infer_pro6000_amp": "benchmark-infer-amp-nchw-pt291-cu130-pro6000maxq.csv",
+    "infer_i7_12700h_fp32": "benchmark-infer-fp32-nchw-pt240-cpu-i7_12700h-dynamo.csv",
+    "train_3090_amp": "benchmark-train-amp-nchw-pt112-cu113-rtx3090.csv",
+}
+PRETRAIN_FILE = "model_metadata-in1k.csv"
+
+
+def read_measured(folder) -> dict:
+    """{column: {(architecture, size): (samples/s, batch)}} from the benchmark files the folder holds, and
+    {"pretrain": {tag: data}} from its model metadata (named by timm's older model names: an architecture's is its
+    default tag's, a deprecated name's the tag timm maps it to)."""
+    import csv
+    from pathlib import Path
+
+    out = {}
+    for column, file in BENCHMARKS.items():
+        path, mode = Path(folder) / file, column.split("_", 1)[0]
+        if path.is_file():
+            with open(path, newline="") as f:
+                out[column] = {(r["model"], int(r[f"{mode}_img_size"])): (
+                    float(r[f"{mode}_samples_per_sec"]), int(r[f"{mode}_batch_size"])) for r in csv.DictReader(f)}
+    path = Path(folder) / PRETRAIN_FILE
+    if path.is_file():
+        from timm.models._registry import _model_default_cfgs, get_deprecated_models
+
+        renamed = get_deprecated_models()
+        out["pretrain"] = {}
+        with open(path, newline="") as f:
+            for row in csv.DictReader(f):
+                tag = renamed.get(row["model"], row["model"])
+                if "." not in tag and tag in _model_default_cfgs:
+                    tag = f"{tag}.{_model_default_cfgs[tag].tags[0]}"
+                out["pretrain"][tag] = row["pretrain"]
+    return out
+
+
+def measured(arch: str, input_size, data: dict) -> dict:
+    """The throughput columns of a row of architecture `arch` (a timm model name) at its input size: empty
+    where nothing was measured at that size, never another size's number."""
+    size = input_size[-1] if input_size else None
+    out = {}
+    for column in BENCHMARKS:
+        speed, batch = data.get(column, {}).get((arch, size), (None, None))
+        out[column], out[f"{column}_batch"] = speed, batch
+    return out
