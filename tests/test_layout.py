@@ -15,7 +15,7 @@ PACKAGE = Path(zoo.__file__).resolve().parent
 # Lower layers first; a module may import only from its own layer or below. TYPE_CHECKING-only
 # imports (annotations) are not imports at run time and are skipped.
 LAYERS = [
-    ["zoo.errors", "zoo.constants", "zoo.columns"],
+    ["zoo.errors", "zoo.constants", "zoo.columns", "zoo.measured"],
     ["zoo.query", "zoo.recipe", "zoo.inspection", "zoo.structure", "zoo.model_info"],
     ["zoo.meta", "zoo.weights", "zoo.construction"],
     ["zoo.families"],
@@ -23,7 +23,7 @@ LAYERS = [
     ["zoo.analysis", "zoo.materialize", "zoo.pretrained", "zoo.timm_loader", "zoo.record"],
     ["zoo.registry"],
     ["zoo.indexer", "zoo.hub_indexer"],
-    ["zoo.api", "zoo.attach"],
+    ["zoo.api", "zoo.attach", "zoo.benchmark"],
     ["zoo", "zoo.cli", "zoo.cli_index", "zoo.web"],  # readers at the top: the CLI and the web catalog, both through zoo.api
 ]
 MAX_LINES = 400

@@ -218,7 +218,9 @@ def test_search_fields_lists_every_searchable_field_with_its_unit(small_registry
     import zoo
 
     listed = json.loads(run_cli("search", "--fields", "--json", registry=small_registry).stdout)
-    assert [f["field"] for f in listed] == list(zoo.FIELDS)
+    # the columns, then the fields over zoo bench's measurements (zoo.measured)
+    assert [f["field"] for f in listed] == [*zoo.FIELDS, "bench_cpu", "bench_cuda", "bench_train_cpu", "bench_train_cuda"]
+    assert {f["field"]: f["unit"] for f in listed}["bench_train_cuda"] == "samples/s"
     by_name = {f["field"]: f for f in listed}
     assert by_name["params"]["unit"] == "elements" and by_name["flops"]["unit"] == "FLOPs"
     assert by_name["bytes"]["type"] == "number" and by_name["task"]["type"] == "string"

@@ -70,6 +70,14 @@ def transform(name: str, train: bool = False, test_size: bool = False):
     return Zoo().transform(name, train=train, test_size=test_size)
 
 
+def bench(name: str, registry: str | Zoo | None = None, **options) -> dict:
+    """Measure a model's throughput on this machine (device, batch, dtype, train, steps, warmup, compile,
+    channels_last) and record the run in the registry, which must be writable (see zoo.benchmark.run)."""
+    from zoo.benchmark import run
+
+    return run(_registry(registry), name, **options)
+
+
 def _registry(registry) -> Zoo:
     return registry if isinstance(registry, Zoo) else Zoo(registry)
 
@@ -77,7 +85,7 @@ def _registry(registry) -> Zoo:
 fields = FIELDS
 
 __all__ = [
-    "Zoo", "connect", "get", "info", "search", "check", "scan", "estimate", "transform", "F", "FIELDS", "fields", "ModelInfo",
+    "Zoo", "connect", "get", "info", "search", "check", "scan", "estimate", "transform", "bench", "F", "FIELDS", "fields", "ModelInfo",
     "TensorInfo",
     "ZooError", "ModelNotFound", "AmbiguousName", "SearchSyntaxError", "InvalidComparison", "BuildFailed",
     "NotBuildable", "InvalidRecipe", "InvalidArgument", "UntrustedBuilder", "UnknownFamily", "SchemaOutdated",

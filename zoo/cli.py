@@ -1,4 +1,4 @@
-"""The admin CLI `zoo`: index, search, show, estimate, rm, db; serve and catalog (the web catalog, zoo.web)."""
+"""The admin CLI `zoo`: index, search, show, estimate, bench, rm, db; serve and catalog (the web catalog, zoo.web)."""
 
 import argparse
 import contextlib
@@ -7,6 +7,7 @@ import re
 import sys
 
 from zoo import render
+from zoo.cli_bench import add_parser as add_bench_parser, measurement_rows
 from zoo.cli_index import cmd_index, hub_listing, progress_reporter
 from zoo.render import human, printable, table
 from zoo.errors import AnalysisError, InvalidArgument, ModelNotFound, ZooError
@@ -70,6 +71,11 @@ def cmd_show(zoo, args) -> int:
         print(json.dumps(info.as_dict(), indent=1))
         return 0
     print(table([[k, v] for k, v in render.info_rows(info)]))
+    from zoo.benchmark import recorded_runs
+
+    if runs := recorded_runs(zoo, info.name):  # zoo bench's measurements, with who, when and versions
+        print()
+        print(table(measurement_rows(runs)))
     if args.tensors and info.tensor_table:
         print()
         print(table(render.tensor_rows(info.tensor_table)))
@@ -277,6 +283,8 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
     s.add_argument("--json", action="store_true", help="print JSON instead of text")
     s.set_defaults(run=cmd_index)
+
+    add_bench_parser(sub, common, NAME_HELP)
 
     s = sub.add_parser("check", parents=[common], help="how a weights file fits a model, from metadata alone")
     s.add_argument("name", help=NAME_HELP)

@@ -22,6 +22,7 @@ from typing import NamedTuple
 
 from zoo.columns import SEARCH_FIELDS as FIELDS
 from zoo.errors import InvalidComparison, SearchSyntaxError
+from zoo.measured import MEASURED
 
 MAX_LENGTH = 10_000  # characters in a search
 # Nested parentheses and `not`s. SQLite before 3.46 has a fixed parser stack (100 entries) that
@@ -42,7 +43,9 @@ _NUMBER = re.compile(
 _SUFFIXES = {"k": 10**3, "K": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "B": 10**9,  # B: billions ("7B")
              "kB": 10**3, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
              "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40}  # fmt: skip
-_FIELD_LIST = ", ".join(FIELDS)
+# What a comparison may name: the columns, and the measured fields (zoo.measured; searched, not sorted by)
+COMPARED = {**FIELDS, **dict.fromkeys(MEASURED, "number")}
+_FIELD_LIST = ", ".join(COMPARED)
 
 
 class Expr:
@@ -138,11 +141,11 @@ def _number(value: object, field: str) -> int | float:
 
 def check(field: str, op: str, value: object) -> int | float | str:
     """Validate one comparison; returns the value to compare with."""
-    if field not in FIELDS:
+    if field not in COMPARED:
         raise InvalidComparison(f"unknown field {field!r}; fields are: {_FIELD_LIST}")
     if op not in OPS:
         raise InvalidComparison(f"unknown operator {op!r}; operators are: {' '.join(OPS)}", at_op=True)
-    if FIELDS[field] == "number":
+    if COMPARED[field] == "number":
         if op == "~":
             raise InvalidComparison(f"'~' (glob) works on string fields only, and {field} is a number", at_op=True)
         return _number(value, field)
@@ -186,12 +189,12 @@ class _Fields:
     __slots__ = ()
 
     def __getattr__(self, name: str) -> _Field:
-        if name.lower() in FIELDS:
+        if name.lower() in COMPARED:
             return _Field(name.lower())
         raise AttributeError(f"no search field {name!r}; fields are: {_FIELD_LIST}")
 
     def __dir__(self):
-        return list(FIELDS)
+        return list(COMPARED)
 
 
 F = _Fields()
@@ -309,7 +312,7 @@ class _Parser:
         if field.kind != "word" or field.text.lower() in _KEYWORDS:
             self.fail(f"expected a comparison (a field such as 'params', '(' or 'not'), got {_describe(field)}", field)
         name = field.text.lower()
-        if name not in FIELDS:
+        if name not in COMPARED:
             self.fail(f"unknown field {field.text!r}; fields are: {_FIELD_LIST}", field)
         op = self.next()
         if op.kind != "op":
@@ -347,5 +350,6 @@ def parse_sort(spec: str) -> tuple[str, bool]:
     name = text[1:] if descending else text
     if name.lower() not in FIELDS:
         column = len(spec) - len(spec.lstrip()) + 1 + descending
-        raise SearchSyntaxError(f"cannot sort by {name!r}: expected one of {_FIELD_LIST}", spec, column)
+        why = " (a measured field: search by it, sort by a column)" if name.lower() in MEASURED else ""
+        raise SearchSyntaxError(f"cannot sort by {name!r}{why}: expected one of {', '.join(FIELDS)}", spec, column)
     return name.lower(), descending

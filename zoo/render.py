@@ -82,7 +82,10 @@ def field_rows() -> list[list[str]]:
     """Every searchable field: name, type, unit and meaning, from its one declaration (zoo.columns)."""
     from zoo.columns import COLUMNS
 
-    return [[c.name, c.search_type, c.unit or "-", c.doc] for c in COLUMNS if c.searchable]
+    from zoo.measured import MEASURED, UNIT, doc
+
+    return [[c.name, c.search_type, c.unit or "-", c.doc] for c in COLUMNS if c.searchable] + \
+        [[f, "number", UNIT, doc(f)] for f in MEASURED]
 
 
 def search_columns(expression, sort: str | None = None) -> tuple[str, ...]:

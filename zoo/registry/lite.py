@@ -16,6 +16,7 @@ from datetime import datetime
 from urllib.parse import quote
 
 from zoo.columns import BY_NAME, PUBLIC
+from zoo.measured import MEASURED
 from zoo.query import MAX_COMPARISONS, MAX_DEPTH, And, Compare, Expr, Not, Or, check, parse, parse_sort
 from zoo.registry import SCHEMA_REVISION
 
@@ -72,6 +73,11 @@ def _compile(e: Expr, negate: bool, depth: int, seen: list[int], params: list, p
     if seen[0] > MAX_COMPARISONS:
         raise SearchSyntaxError(f"too many comparisons: at most {MAX_COMPARISONS}")
     value = check(e.field, e.op, e.value)
+    if e.field in MEASURED:  # as zoo.registry.sql: any of the model's measurements of that device and mode
+        params.extend([*MEASURED[e.field], float(value)])
+        cond = ("EXISTS (SELECT 1 FROM measurements WHERE measurements.model_id = models.id AND "
+                f"measurements.device = ? AND measurements.mode = ? AND measurements.samples_per_s {_OPS[e.op]} ?)")
+        return f"NOT ({cond})" if negate else cond
     col = f"models.{e.field}"
     if e.op == "~":
         cond = f"lower({col}) LIKE lower(?) ESCAPE '\\'"
@@ -282,3 +288,26 @@ def info(url: str, name: str, tensors: bool = False):
     fields = {c.name: _decoder(c)(v) for c, v in zip(PUBLIC, values)}
     table = decode_tensors(blob[0]) if blob else None
     return ModelInfo(**fields, tensor_table=table, weights=weights), source_hash
+
+
+def measurements(url: str, name: str) -> list[dict] | None:
+    """zoo.registry.measurements.of_model for a full name, from a plain SQLite registry file at this schema; None
+    where this path does not apply."""
+    import json
+
+    path = sqlite_file(url)
+    con = None if path is None else _connect(path)
+    if con is None:
+        return None
+    try:
+        cur = con.execute("SELECT measurements.* FROM measurements JOIN models ON models.id = measurements.model_id "
+                          "WHERE models.name = ? ORDER BY measurements.id", [name])
+        names, rows = [d[0] for d in cur.description], cur.fetchall()
+    except sqlite3.Error:
+        return None
+    finally:
+        con.close()
+    decode = {"compiled": bool, "channels_last": bool, "inputs": json.loads, "versions": json.loads,
+              "measured_at": datetime.fromisoformat}
+    return [{n: decode.get(n, lambda v: v)(v) for n, v in zip(names, row) if n not in ("id", "model_id")}
+            for row in rows]

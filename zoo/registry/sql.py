@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import operator
 
-from sqlalchemy import BigInteger, Boolean, ColumnElement, Float, String, Text, and_, literal, not_, or_
+from sqlalchemy import BigInteger, Boolean, ColumnElement, Float, String, Text, and_, exists, literal, not_, or_
 from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.sql.functions import FunctionElement
 
 from zoo.errors import SearchSyntaxError
+from zoo.measured import MEASURED
 from zoo.query import MAX_COMPARISONS, MAX_DEPTH, And, Compare, Expr, Not, Or, check, parse, parse_sort
 from zoo.registry.lite import like_pattern, trigram_pattern
-from zoo.registry.tables import Model
+from zoo.registry.tables import Measurement, Model
 
 _SQL_OPS = {"<": operator.lt, "<=": operator.le, ">": operator.gt, ">=": operator.ge, "=": operator.eq, "!=": operator.ne}
 
@@ -86,6 +87,11 @@ def _compile(e: Expr, negate: bool, depth: int, seen: list[int]) -> ColumnElemen
     if seen[0] > MAX_COMPARISONS:
         raise SearchSyntaxError(f"too many comparisons: at most {MAX_COMPARISONS}")
     value = check(e.field, e.op, e.value)
+    if e.field in MEASURED:  # any of the model's measurements of that device and mode (zoo.measured)
+        device, mode = MEASURED[e.field]
+        cond = exists().where(Measurement.model_id == Model.id, Measurement.device == device, Measurement.mode == mode,
+                              _SQL_OPS[e.op](Measurement.samples_per_s, literal(value, Float())))
+        return not_(cond) if negate else cond
     col = getattr(Model, e.field)
     if e.op == "~":
         # ilike: SQLite's LIKE ignores ASCII case (only); ILIKE under COLLATE "C" makes PostgreSQL agree.

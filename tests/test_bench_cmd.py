@@ -1,0 +1,160 @@
+"""`zoo bench`: a model measured here at its row's own input size, recorded with its hardware, mode and versions,
+searchable by both search paths (bench_cpu, ...), listed by `zoo show`; a search resumes after a stop; bad input
+is a typed error and records nothing. Real timm models at a few steps: nothing here is timed."""
+
+import json
+import os
+import shutil
+import sqlite3
+
+import pytest
+import timm
+import torch
+
+import zoo
+from tests.conftest import cli_json, run_cli
+from zoo import benchmark
+from zoo.registry import db, store
+
+FEW = dict(steps=2, warmup=1)
+
+
+@pytest.fixture(scope="module")
+def indexed(tmp_path_factory) -> str:
+    from zoo import indexer
+    from zoo.recipe import Recipe
+
+    url = f"sqlite:///{tmp_path_factory.mktemp('bench') / 'bench.db'}"
+    indexer.index_family(url, "timm", ["resnet18", "vit_tiny_patch16_224", "vit_tiny_patch16_384"])
+    indexer.index_one(url, "user/conv", Recipe("user", "tests.builders:conv_net"), trusted={"tests"},
+                      inputs=[{"shape": [1, 3, 32, 32]}])
+    db.compact(url)  # one self-contained file (no WAL beside it) that a test can copy
+    return url
+
+
+@pytest.fixture
+def registry(indexed, tmp_path) -> str:
+    """A writable copy of the indexed registry per test."""
+    path = tmp_path / "r.db"
+    shutil.copy(indexed.removeprefix("sqlite:///"), path)
+    return f"sqlite:///{path}"
+
+
+def _runs(url: str) -> list[tuple]:
+    with sqlite3.connect(url.removeprefix("sqlite:///")) as con:
+        return con.execute("SELECT models.name, mode FROM measurements JOIN models ON models.id = model_id "
+                           "ORDER BY measurements.id").fetchall()
+
+
+def _cpu_model_name() -> str:
+    with open("/proc/cpuinfo") as f:
+        return next(" ".join(line.split(":", 1)[1].split()) for line in f if line.startswith("model name"))
+
+
+def test_a_bench_is_recorded_at_the_rows_input_size_with_its_hardware_and_versions(registry):
+    result, = cli_json("bench", "timm/vit_tiny_patch16_384", "--batch", "2", "--steps", "2", "--warmup", "1",
+                       registry=registry)
+    # independent sources: timm's pretrained config, the kernel's CPU name, the installed libraries
+    assert result["inputs"] == [{"name": None, "shape": [2, *timm.get_pretrained_cfg("vit_tiny_patch16_384").input_size],
+                                 "dtype": "float32"}]
+    assert (result["hardware"], result["device"], result["mode"], result["dtype"]) == (_cpu_model_name(), "cpu",
+                                                                                       "infer", "fp32")
+    assert result["versions"]["torch"] == torch.__version__ and result["versions"]["timm"] == timm.__version__
+    assert result["threads"] == torch.get_num_threads()  # the CLI's process runs torch's default, as this one
+    params = sum(p.numel() for p in timm.create_model("vit_tiny_patch16_384").parameters())
+    assert result["peak_bytes"] >= 4 * params  # the fp32 weights were allocated during the run
+    # the timed loop's wall time holds every step's time: samples/s is at most batch / mean step time
+    assert 0 < result["samples_per_s"] <= 2 * 1000 / result["step_ms"] * 1.0001
+    assert _runs(registry) == [("timm/vit_tiny_patch16_384", "infer")]
+    # searchable through sqlite3 (the CLI's path) and SQLAlchemy alike; the number is the recorded one
+    speed = result["samples_per_s"]
+    for search, expected in ((f"bench_cpu>{speed / 2}", 1), (f"bench_cpu>={speed} and name~*384", 1),
+                             (f"not bench_cpu<{speed}", 4)):  # `not`: also every model without a run
+        names = [r["name"] for r in cli_json("search", search, registry=registry)]
+        with db.session(registry) as s:
+            assert [r["name"] for r in store.search(s, search, fields=("name",))] == names
+        assert "timm/vit_tiny_patch16_384" in names and len(names) == expected
+    for search in (f"bench_cpu>{speed * 2}", "bench_cuda>0", "bench_train_cpu>0"):
+        with db.session(registry) as s:
+            assert cli_json("search", search, registry=registry) == [] == store.search(s, search)
+    assert "timm/resnet18" in [r["name"] for r in cli_json("search", "not bench_cpu>0", registry=registry)]
+    shown = run_cli("show", "timm/vit_tiny_patch16_384", registry=registry).stdout
+    assert _cpu_model_name() in shown and "cpu infer fp32 batch 2" in shown and f"torch {torch.__version__}" in shown
+
+
+def test_a_training_step_is_recorded_as_train_and_searched_apart_from_inference(registry):
+    result = zoo.bench("timm/resnet18", registry=zoo.connect(registry), batch=2, train=True, **FEW)
+    assert result["mode"] == "train" and result["inputs"][0]["shape"] == [2, 3, 224, 224]
+    with db.session(registry) as s:
+        assert [r["name"] for r in store.search(s, "bench_train_cpu>0", fields=("name",))] == ["timm/resnet18"]
+        assert store.search(s, "bench_cpu>0") == []
+    assert [r["name"] for r in zoo.connect(registry).search("bench_train_cpu>0", fields=("name",))] == ["timm/resnet18"]
+
+
+def test_a_search_bench_resumes_after_a_stop_and_skips_what_it_measured(registry):
+    z = zoo.connect(registry)
+    search = "name~timm/resnet18 or name~timm/vit_tiny_patch16_224 or name=user/conv"
+    expected = [r["name"] for r in z.search(search, fields=("name",))]
+    assert len(expected) == 3
+
+    def stop_after_two(name, done, total, result):
+        if done == 2:
+            raise KeyboardInterrupt  # a Ctrl-C (or a crash) after the second model was recorded
+
+    with pytest.raises(KeyboardInterrupt):
+        benchmark.run_search(z, search, report=stop_after_two, **FEW)
+    assert _runs(registry) == [(n, "infer") for n in expected[:2]]
+    again = benchmark.run_search(z, search, **FEW)
+    assert [(r["name"], r["skipped"]) for r in again] == [(expected[0], True), (expected[1], True),
+                                                         (expected[2], False)]
+    assert _runs(registry) == [(n, "infer") for n in expected]
+    # another mode is another measurement: nothing is skipped
+    assert not any(r["skipped"] for r in benchmark.run_search(z, "name=user/conv", batch=3, **FEW))
+    # the CLI: a search with a progress bar, everything measured before is skipped
+    proc = run_cli("bench", search, "--steps", "2", "--warmup", "1", registry=registry)
+    assert proc.stdout.count("skipped (measured before)") == 3, proc.stdout
+
+
+def test_bad_input_is_a_typed_error_and_records_nothing(registry, indexed):
+    z = zoo.connect(registry)
+    with pytest.raises(zoo.ModelNotFound, match="resnet18"):
+        zoo.bench("timm/resnet81", registry=z, **FEW)
+    for options, message in ((dict(dtype="int8"), "--dtype"), (dict(batch=0), "batch"), (dict(device="tpu"), "--device"),
+                             (dict(steps=0), "steps")):
+        with pytest.raises(zoo.InvalidArgument, match=message):
+            zoo.bench("timm/resnet18", registry=z, **{**FEW, **options})
+    if not torch.cuda.is_available():
+        with pytest.raises(zoo.InvalidArgument, match="no usable CUDA GPU"):
+            zoo.bench("timm/resnet18", registry=z, device="cuda", **FEW)
+        proc = run_cli("bench", "timm/resnet18", "--device", "cuda", registry=registry, check=False)
+        assert proc.returncode == 1 and "no usable CUDA GPU" in proc.stderr
+    with pytest.raises(zoo.SearchSyntaxError):
+        benchmark.run_search(z, "bench_cpu>>1", **FEW)
+    with pytest.raises(zoo.SearchSyntaxError, match="measured field"):
+        z.search("bench_cpu>0", order_by="bench_cpu")
+    # the shipped registry is written only when named: refused before anything is measured
+    with pytest.raises(zoo.RegistryError, match="read-only"):
+        zoo.bench("timm/resnet18", registry=zoo.Zoo(), **FEW)
+    assert _runs(registry) == []
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_a_cuda_bench_records_the_gpu_and_its_peak_memory(registry):
+    result = zoo.bench("timm/resnet18", registry=zoo.connect(registry), device="cuda", batch=4, dtype="bf16", **FEW)
+    assert result["hardware"] == torch.cuda.get_device_name() and result["device"] == "cuda"
+    params = sum(p.numel() for p in timm.create_model("resnet18").parameters())
+    assert result["peak_bytes"] >= 2 * params
+    with db.session(registry) as s:
+        assert [r["name"] for r in store.search(s, "bench_cuda>0", fields=("name",))] == ["timm/resnet18"]
+
+
+def test_a_team_registry_on_postgresql_collects_measurements(registry, pg_server):
+    """Runs copied from one machine's registry and one measured straight into the team's PostgreSQL."""
+    zoo.bench("user/conv", registry=zoo.connect(registry), **FEW)
+    team = pg_server.fresh()
+    zoo.connect(registry).copy_to(team)
+    zoo.bench("timm/resnet18", registry=zoo.connect(team), **FEW)
+    t = zoo.connect(team)
+    assert [r["name"] for r in t.search("bench_cpu>0", fields=("name",))] == ["timm/resnet18", "user/conv"]
+    assert [r["name"] for r in t.search("bench_cpu>0 and not name~user/*", fields=("name",))] == ["timm/resnet18"]
+    assert {r["who"] for n in ("user/conv", "timm/resnet18") for r in benchmark.recorded_runs(t, n)} == {benchmark.who()}

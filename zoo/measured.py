@@ -1,0 +1,27 @@
+"""Search fields over the throughput that `zoo bench` measured (the measurements table), beside the columns.
+
+A measured field compares a model's recorded measurements, not a column: `bench_cpu>100` matches a model that
+some recorded inference run on a CPU did at more than 100 samples/s (any CPU model, dtype, batch or
+settings; `zoo show NAME` lists each with its hardware, mode, who and when). A model without such a
+measurement does not match, and `not bench_cpu>100` matches it, as a missing column value does.
+
+Pure data: importing it imports neither torch nor SQLAlchemy.
+"""
+
+# field -> (device kind, mode) of the measurements it compares
+MEASURED: dict[str, tuple[str, str]] = {
+    "bench_cpu": ("cpu", "infer"),
+    "bench_cuda": ("cuda", "infer"),
+    "bench_train_cpu": ("cpu", "train"),
+    "bench_train_cuda": ("cuda", "train"),
+}
+UNIT = "samples/s"
+
+
+def doc(field: str) -> str:
+    """What `zoo search --fields` says a measured field means."""
+    device, mode = MEASURED[field]
+    what = "inference" if mode == "infer" else "training steps (forward, loss, backward, optimizer step)"
+    where = "a CPU" if device == "cpu" else "a CUDA GPU"
+    return (f"measured by `zoo bench{' --train' if mode == 'train' else ''}`: {what} on {where}, any recorded "
+            f"run (any hardware model, dtype, batch); `zoo show` lists them")

@@ -1,0 +1,43 @@
+"""The measurements table (zoo bench): record a run, tell whether a run of the same kind is recorded (a search's
+bench resumes by it), and list a model's runs for `zoo show`."""
+
+import json
+from datetime import datetime, timezone
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from zoo.registry.store import check_lengths, resolve
+from zoo.registry.tables import Measurement
+
+# What makes two runs the same kind: the same model on the same hardware in the same mode (a search's bench
+# skips a model that has one)
+KIND = ("hardware", "device", "mode", "dtype", "batch", "compiled", "channels_last", "threads")
+_JSON = ("inputs", "versions")
+
+
+def record(session: Session, name: str, values: dict) -> None:
+    """Add one run for `name` (a full or bare name) in the current transaction."""
+    row = resolve(session, name)
+    columns = Measurement.__table__.c
+    values = {**values, **{k: json.dumps(values[k], separators=(",", ":")) for k in _JSON}}
+    check_lengths(session, values, {k: getattr(columns[k].type, "length", None) for k in values})
+    session.add(Measurement(model_id=row.id, measured_at=datetime.now(timezone.utc).replace(tzinfo=None), **values))
+
+
+def recorded(session: Session, name: str, kind: dict) -> bool:
+    """Whether `name` has a run of this kind (the KIND fields) already."""
+    row = resolve(session, name)
+    where = [getattr(Measurement, k) == kind[k] for k in KIND]
+    return session.scalar(select(Measurement.id).where(Measurement.model_id == row.id, *where).limit(1)) is not None
+
+
+def of_model(session: Session, name: str) -> list[dict]:
+    """Every run of `name`, oldest first: each column of the table but the ids, JSON fields decoded."""
+    row = resolve(session, name)
+    runs = session.scalars(select(Measurement).where(Measurement.model_id == row.id).order_by(Measurement.id))
+    out = []
+    for m in runs:
+        d = {c.name: getattr(m, c.name) for c in Measurement.__table__.c if c.name not in ("id", "model_id")}
+        out.append({**d, **{k: json.loads(d[k]) for k in _JSON}})
+    return out
