@@ -107,3 +107,37 @@ def test_torchvision_builds_turn_backbone_weights_off():
 
     m = build_meta(Recipe("torchvision", "fasterrcnn_mobilenet_v3_large_fpn"))
     assert all(p.is_meta for p in m.parameters())
+
+
+VALUE_SIZED = [  # ops whose output size the values of their inputs decide: inputs of <= 6 elements, outputs of more
+    lambda: torch.repeat_interleave(torch.arange(3), torch.tensor([2, 0, 5])),
+    lambda: torch.arange(6).view(2, 3).repeat_interleave(torch.tensor([1, 4, 2]), dim=1),
+    lambda: torch.arange(6).view(2, 3).repeat_interleave(torch.tensor([3]), dim=-2),
+    lambda: torch.arange(4).repeat_interleave(torch.tensor(2)),
+    lambda: torch.repeat_interleave(torch.tensor([2, 5], dtype=torch.int32)),
+    lambda: nn.functional.one_hot(torch.tensor([[0, 5], [2, 1]])),
+    lambda: nn.functional.one_hot(torch.tensor([1, 2]), num_classes=9),
+    lambda: torch.bincount(torch.tensor([0, 7, 7])),
+    lambda: torch.bincount(torch.tensor([0, 7]), weights=torch.tensor([0.5, 1.0]), minlength=11),
+    lambda: torch.bincount(torch.tensor([9]), weights=torch.tensor([2])),
+]
+
+
+@pytest.mark.parametrize("op", VALUE_SIZED)
+def test_an_op_sized_by_values_over_the_shadow_limit_gets_eagers_shape_without_running(op):
+    eager = op()
+    with force_meta(shadow_limit=6):  # the inputs get values, every output is over the limit
+        forced = op()
+    assert forced.is_meta and value_of(forced) is None
+    assert (forced.shape, forced.dtype) == (eager.shape, eager.dtype)
+
+
+def test_a_huge_repeat_count_in_a_build_allocates_nothing_real():
+    """A constructor's repeat_interleave of 2**30 positions (8 GiB as int64) ran for real beside the meta op."""
+    import resource
+
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    with force_meta():
+        positions = torch.repeat_interleave(torch.arange(4), torch.full((4,), 2**28))
+    grown = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - before
+    assert positions.is_meta and positions.shape == (2**30,) and grown < 2**28, grown

@@ -1,6 +1,7 @@
 """Forced-meta mode: every tensor created or moved lands on meta, and init that only writes meta is skipped."""
 
 import contextlib
+import math
 
 import torch
 from torch.overrides import TorchFunctionMode
@@ -160,6 +161,9 @@ class ForceMeta(TorchFunctionMode):
             out = func(*args, **kwargs)
         except (NotImplementedError, RuntimeError):
             out = None  # no meta kernel, or a data-dependent shape (torch.unique): the shadow knows the answer
+            sized = _sized_by_values(getattr(func, "__name__", ""), args, kwargs)
+            if sized is not None and math.prod(sized[0]) > self.shadow_limit:
+                return torch.empty(sized[0], dtype=sized[1], device=META)  # never allocated for real
         metas = list(_tensors((out,), {}))
         if metas and any(t.numel() > self.shadow_limit for t in metas):
             for meta in metas:
@@ -183,6 +187,40 @@ class ForceMeta(TorchFunctionMode):
         if isinstance(value, torch.device) and value.type == "meta" or (isinstance(value, str) and value == "meta"):
             return torch.device("cpu")
         return value
+
+
+def _sized_by_values(name: str, args, kwargs) -> tuple[tuple[int, ...], torch.dtype] | None:
+    """The output shape and dtype of an op whose size its inputs' values decide, from their shadows, for the
+    ops whose size no input bounds (a repeat count of 2**31 made a 17 GB real tensor beside a meta build)."""
+    def value(t):
+        return value_of(t) if isinstance(t, torch.Tensor) and t.is_meta else t
+
+    def arg(i, key, default=None):
+        return args[i] if len(args) > i else kwargs.get(key, default)
+
+    if name == "repeat_interleave":
+        if len(args) == 1 and "repeats" not in kwargs:  # torch.repeat_interleave(repeats)
+            repeats = value(args[0])
+            return ((int(repeats.sum()),), repeats.dtype) if isinstance(repeats, torch.Tensor) else None
+        source, repeats, dim = args[0], value(arg(1, "repeats")), arg(2, "dim")
+        if not isinstance(repeats, torch.Tensor):
+            return None
+        shape = [source.numel()] if dim is None else list(source.shape)
+        along = 0 if dim is None else dim % source.dim()
+        shape[along] = int(repeats.sum()) if repeats.numel() != 1 else shape[along] * int(repeats)
+        return tuple(shape), source.dtype
+    if name in ("one_hot", "bincount"):
+        values = value(args[0])
+        if not isinstance(values, torch.Tensor):
+            return None
+        top = int(values.max()) + 1 if values.numel() else 0
+        if name == "one_hot":
+            classes = arg(1, "num_classes", -1)
+            return (*values.shape, top if classes == -1 else classes), torch.int64
+        weights = arg(1, "weights")
+        dtype = torch.int64 if weights is None else (weights.dtype if weights.dtype.is_floating_point else torch.float64)
+        return (max(top, arg(2, "minlength", 0)),), dtype
+    return None
 
 
 def value_of(tensor: torch.Tensor) -> torch.Tensor | None:
