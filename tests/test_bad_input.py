@@ -435,3 +435,22 @@ def test_18_a_builder_in_the_current_directory_needs_no_pythonpath(tmp_path):
     here = subprocess.run([sys.executable, "-P", "-c", "import zoo; print(zoo.get('user/mine').out_features)"],
                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert here.returncode == 0 and here.stdout.strip() == "4", here.stderr
+
+
+@pytest.mark.parametrize("name, want", [("half", torch.float16), ("BF16", torch.bfloat16),
+                                        ("torch.float32", torch.float32), ("double", torch.float64)])
+def test_get_materialize_and_estimate_take_the_same_dtype_names(small_registry, name, want):
+    """One parser: "half" worked in estimate only, and a bad dtype was AnalysisError there, InvalidArgument elsewhere."""
+    at = zoo.connect(small_registry)
+    assert {p.dtype for p in at.get("timm/resnet18", dtype=name).parameters()} == {want}
+    assert {p.dtype for p in at.get("timm/resnet18").materialize(dtype=name).parameters()} == {want}
+    assert at.estimate("timm/resnet18", dtype=name).dtype == str(want).removeprefix("torch.")
+
+
+@pytest.mark.parametrize("bad", ["int8", "fp8", "float33", torch.int64, 16])
+def test_a_bad_dtype_is_the_same_invalid_argument_everywhere(small_registry, bad):
+    at = zoo.connect(small_registry)
+    for call in (lambda: at.get("timm/resnet18", dtype=bad), lambda: at.get("timm/resnet18").materialize(dtype=bad),
+                 lambda: at.estimate("timm/resnet18", dtype=bad)):
+        with pytest.raises(InvalidArgument, match="dtype must be a floating torch dtype"):
+            call()

@@ -117,7 +117,7 @@ class Zoo:
         if dispatch not in ("now", "lazy"):
             raise InvalidArgument(f"dispatch must be 'now' or 'lazy', not {dispatch!r}")
         if dtype is not None:  # refused now, not at a lazy load's first forward
-            from zoo.inspection import float_dtype
+            from zoo.dtypes import float_dtype
 
             dtype = float_dtype(dtype)
         module = self._get_meta(name, overrides)

@@ -45,26 +45,6 @@ def dtype_name(dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
-_DTYPE_SHORT = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32", "fp64": "float64"}
-
-
-def float_dtype(dtype):
-    """A floating torch dtype from itself or its name ("bfloat16", "bf16", "torch.float16", "half", ...);
-    InvalidArgument for anything else, an integer dtype included."""
-    import torch
-
-    from zoo.errors import InvalidArgument
-
-    found = dtype
-    if isinstance(dtype, str):
-        name = dtype.lower().removeprefix("torch.")
-        found = getattr(torch, _DTYPE_SHORT.get(name, name), None)
-    if not isinstance(found, torch.dtype) or not found.is_floating_point:
-        raise InvalidArgument(f"dtype must be a floating torch dtype or its name (bfloat16/bf16, float16/fp16, "
-                              f"float32/fp32, float64/fp64), not {dtype!r}")
-    return found
-
-
 def inspect_module(module) -> Summary:
     """Walk parameters then buffers (aliases included) and summarize distinct tensors."""
     first_name: dict[int, str] = {}

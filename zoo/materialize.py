@@ -12,7 +12,8 @@ from torch.nn.modules.module import _IncompatibleKeys as IncompatibleKeys  # loa
 
 from zoo.errors import CheckpointError, InvalidArgument, MaterializeError, WeightsMismatch
 from zoo.families.hf_keys import hf_key_map
-from zoo.inspection import dtype_name, float_dtype
+from zoo.dtypes import float_dtype
+from zoo.inspection import dtype_name
 from zoo.meta import value_of
 from zoo.weights.fit import Fit, Target, fit
 from zoo.weights.sources import SafetensorsSource, Source, open_source

@@ -22,7 +22,7 @@ name is the API's (zoo.scan, zoo.estimate, zoo.Zoo).
 from zoo.analysis.forward import loss_of, outputs_of
 from zoo.analysis.index_time import DEFAULT_BUDGET_S, SCAN_ERROR, SCAN_NO_INPUT, SCAN_OK, Analysis, analyze
 from zoo.analysis.inputs import input_spec_of, make_inputs
-from zoo.analysis.memory import DTYPES, OPTIMIZERS, Estimate, estimate, make_optimizer, measure_step
+from zoo.analysis.memory import OPTIMIZERS, Estimate, estimate, make_optimizer, measure_step
 from zoo.analysis.meters import FusedAttention, LiveBytes, SavedBytes, flop_counter
 from zoo.analysis.shapes import ModuleScan, Scan, scan
 
@@ -31,5 +31,5 @@ __all__ = [
     "make_inputs", "input_spec_of", "outputs_of", "loss_of",
     "LiveBytes", "SavedBytes", "FusedAttention", "flop_counter",
     "Scan", "ModuleScan", "scan",
-    "Estimate", "estimate", "measure_step", "make_optimizer", "DTYPES", "OPTIMIZERS",
+    "Estimate", "estimate", "measure_step", "make_optimizer", "OPTIMIZERS",
 ]

@@ -14,17 +14,13 @@ from torch import nn
 from zoo.analysis.forward import accepts, device_context, loss_of, train_mode
 from zoo.analysis.inputs import has_sequence, input_spec_of, make_inputs, tensor_leaves
 from zoo.analysis.meters import LiveBytes, known_storages, replay_peak, storage_key
+from zoo.dtypes import FLOAT_NAMES, float_dtype
 from zoo.errors import AnalysisError, reason
 from zoo.inspection import dtype_name, named_tensors
 
-DTYPES = {
-    "fp32": torch.float32, "float32": torch.float32, "float": torch.float32,
-    "bf16": torch.bfloat16, "bfloat16": torch.bfloat16,
-    "fp16": torch.float16, "float16": torch.float16, "half": torch.float16,
-    "fp64": torch.float64, "float64": torch.float64,
-}
 # What the KV cache may be held in (serving engines quantize it apart from the weights): bytes per element.
-KV_DTYPES = {**{k: v.itemsize for k, v in DTYPES.items()}, "fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1, "int8": 1}
+KV_DTYPES = {**{k: getattr(torch, v).itemsize for k, v in FLOAT_NAMES.items()},
+             "fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1, "int8": 1}
 # Weight-only quantization formats (inference): bits per element of a quantized tensor. Their bytes:
 #   int8, int4: ceil(elements x bits / 8) + an fp16 scale per group of `group_size` elements along each
 #               row's last (input) dimension: rows x ceil(columns / group_size) x 2 bytes (symmetric, as
@@ -103,15 +99,6 @@ def _nbytes_distinct(tensors) -> int:
             seen.add(id(t))
             total += t.numel() * t.element_size()
     return total
-
-
-def _dtype(dtype) -> torch.dtype:
-    if isinstance(dtype, torch.dtype):
-        return dtype
-    try:
-        return DTYPES[str(dtype).lower()]
-    except KeyError:
-        raise AnalysisError(f"dtype must be one of {', '.join(DTYPES)}, not {dtype!r}") from None
 
 
 def quantized_bytes(t: torch.Tensor, fmt: str, group_size: int) -> int:
@@ -339,7 +326,7 @@ def check_options(batch: int, dtype, training: bool, optimizer: str, seq_len: in
             raise AnalysisError("weight-only quantization is for inference: leave weights_dtype unset with training=True")
     if checkpointing and not training:
         raise AnalysisError("activation checkpointing applies to training: give training=True with it")
-    return _dtype(dtype)
+    return float_dtype(dtype)
 
 
 def estimate(module: nn.Module, batch: int = 1, dtype="bf16", training: bool = False, optimizer: str = "adamw",
