@@ -454,3 +454,23 @@ def test_a_bad_dtype_is_the_same_invalid_argument_everywhere(small_registry, bad
                  lambda: at.estimate("timm/resnet18", dtype=bad)):
         with pytest.raises(InvalidArgument, match="dtype must be a floating torch dtype"):
             call()
+
+
+def test_a_recorded_weights_tag_is_hashed_once_per_state_of_its_file(writable, tmp_path):
+    """Each load checked a tag's file by hashing all of it again; now the hash is remembered with the file's
+    state (zoo.weights.verified), and any write, even one that puts size and mtime back, is hashed anew."""
+    from zoo.weights import verified
+
+    registry = zoo.connect(writable)
+    path = Path(_tied_weights(tmp_path))
+    registry.add_weights("user/tied", str(path), tag="default")
+    recorded = registry.info("user/tied").weights[0]["sha256"]
+    assert registry.get("user/tied").materialize(weights="default") is not None
+    assert verified.recall(path) == recorded  # what the next load compares, without reading the file
+    data, stat = bytearray(path.read_bytes()), path.stat()
+    data[-1] ^= 0xFF  # the last byte of the last tensor: same size
+    path.write_bytes(bytes(data))
+    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    assert verified.recall(path) is None  # the ctime moved
+    with pytest.raises(CheckpointError, match="differs from the recorded"):
+        registry.get("user/tied").materialize(weights="default")

@@ -23,10 +23,10 @@ from pathlib import Path
 from zoo.errors import CheckpointError, HubUnavailable, InvalidArgument
 from zoo.families.torchvision import weights_of, weights_tag
 from zoo.timm_loader import timm_load_arguments
+from zoo.weights.hub import offline
 from zoo.weights.placement import box_slices
 from zoo.weights.sources import PICKLE_SUFFIXES, SafetensorsSource, Source, Spec, TensorDictSource, load_pickle
 
-HASH_PREFIX = re.compile(r"-([a-f0-9]*)\.")  # torch.hub's HASH_REGEX: the sha256 prefix in a file name
 
 
 def published_tag(recipe, weights):
@@ -68,7 +68,7 @@ def torch_hub_file(url: str, progress: bool = True) -> Path:
     path = Path(torch.hub.get_dir()) / "checkpoints" / name
     prefix = hash_prefix(name)
     if not path.exists():
-        if _offline():
+        if offline():
             raise HubUnavailable(f"{path}: not in torch hub's cache and HF_HUB_OFFLINE is set; put the file from "
                                  f"{url} there, or unset HF_HUB_OFFLINE")
         from zoo.weights.download import fetch
@@ -79,7 +79,10 @@ def torch_hub_file(url: str, progress: bool = True) -> Path:
 
 
 def hash_prefix(file_name: str) -> str | None:
-    match = HASH_PREFIX.search(file_name)
+    """The sha256 prefix torch.hub reads in a published file's name (resnet18-f37072fd.pth)."""
+    from torch.hub import HASH_REGEX
+
+    match = HASH_REGEX.search(file_name)
     return match.group(1) if match else None
 
 
@@ -95,12 +98,6 @@ def check_prefix(path: Path, prefix: str | None) -> None:
         raise CheckpointError(f"{path}: sha256 {actual} does not start with {prefix}, the prefix its name "
                               f"carries; the cached file is corrupt (delete it to download it again)")
     verified.remember(path, prefix)
-
-
-def _offline() -> bool:
-    from huggingface_hub import constants
-
-    return constants.is_offline_mode()
 
 
 # --- torchvision -----------------------------------------------------------------------------------
@@ -187,7 +184,7 @@ def timm_file(cfg: dict, name: str) -> tuple[Path, object]:
             path = download(repo, filename, revision or None, missing_ok=True)
             if path is not None:
                 return Path(path), lambda: _check_hashes(f"hf://{hub_id}", repo, [path])
-        where = "the local cache (HF_HUB_OFFLINE is set)" if _offline() else "the repository"
+        where = "the local cache (HF_HUB_OFFLINE is set)" if offline() else "the repository"
         raise HubUnavailable(f"timm {name}: no weights file of {hub_id} in {where}")
     if cfg.get("url"):
         return torch_hub_file(cfg["url"]), lambda: None

@@ -1,6 +1,7 @@
 """sha256 of a weights file, or of a sharded checkpoint's files, and the check before loading."""
 
 import hashlib
+import os
 from pathlib import Path
 
 from zoo.errors import CheckpointError
@@ -18,8 +19,18 @@ def weight_files(path: Path) -> list[Path]:
 
 
 def file_sha256(path: Path) -> str:
+    """The file's sha256, read once per state of the file (zoo.weights.verified: any write changes its ctime)."""
+    from zoo.weights import verified
+
     with open(open_regular(path), "rb") as f:  # a FIFO would block open() forever
-        return hashlib.file_digest(f, "sha256").hexdigest()
+        known = verified.recall(path)
+        if known:
+            return known
+        before = os.fstat(f.fileno()).st_ctime_ns
+        found = hashlib.file_digest(f, "sha256").hexdigest()
+    if os.stat(path).st_ctime_ns == before:  # not written while it was read
+        verified.remember(path, found)
+    return found
 
 
 def digest(path: str | Path) -> tuple[str, int]:

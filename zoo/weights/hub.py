@@ -35,7 +35,8 @@ def parse_uri(uri: str) -> tuple[str, str | None]:
     return repo, revision or None
 
 
-def _offline() -> bool:
+def offline() -> bool:
+    """Whether huggingface_hub reads only its cache (HF_HUB_OFFLINE)."""
     from huggingface_hub import constants
 
     return constants.is_offline_mode()
@@ -58,14 +59,14 @@ def download(repo_id: str, filename: str, revision: str | None = None, missing_o
         return hf_hub_download(repo_id, filename, revision=revision)
     except EntryNotFoundError as e:
         # Online, "not in the local cache" means the hub could not be reached: not a missing file.
-        unreachable = isinstance(e, LocalEntryNotFoundError) and not _offline()
+        unreachable = isinstance(e, LocalEntryNotFoundError) and not offline()
         if missing_ok and not unreachable:
             return None
-        hint = (" in the local cache (HF_HUB_OFFLINE is set)" if _offline() else
+        hint = (" in the local cache (HF_HUB_OFFLINE is set)" if offline() else
                 " in the local cache, and the hub could not be reached" if unreachable else "")
         raise HubUnavailable(f"{where}: no {filename}{hint}") from None
     except Exception as e:  # repository not found, gated, offline without a cache, network down
-        hint = "; HF_HUB_OFFLINE is set: only the local cache is read" if _offline() else ""
+        hint = "; HF_HUB_OFFLINE is set: only the local cache is read" if offline() else ""
         raise HubUnavailable(f"{where}: cannot get {filename}: {type(e).__name__}: "
                              f"{str(e).splitlines()[0] if str(e) else ''}{hint}") from None
 
@@ -83,7 +84,7 @@ def resolve_hub_weights(uri: str) -> str:
     if index is None:
         single = download(repo, SINGLE, revision, missing_ok=True)
         if single is None:
-            where = "in the local cache (HF_HUB_OFFLINE is set)" if _offline() else "in the repository"
+            where = "in the local cache (HF_HUB_OFFLINE is set)" if offline() else "in the repository"
             raise HubUnavailable(f"{uri}: neither {INDEX} nor {SINGLE} {where}; zoo reads safetensors weights only")
         files, result = [single], single
     else:
@@ -104,7 +105,7 @@ def _check_hashes(uri: str, repo: str, files: list[str]) -> None:
         blob, named = _blob_of(uri, file)
         if named is None or not verified.known(blob, named):
             todo.append((file, blob, None, named))
-    if any(expected is None for *_, expected in todo) and not _offline():
+    if any(expected is None for *_, expected in todo) and not offline():
         hub = _hashes_from_api(repo, [f for f, *_ in todo])
         todo = [(f, b, k, e or hub.get(Path(f).name)) for f, b, k, e in todo]
 

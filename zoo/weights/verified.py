@@ -43,6 +43,18 @@ def known(path, expected: str) -> bool:
     return False
 
 
+def recall(path) -> str | None:
+    """The full sha256 remembered for this exact file (unchanged since), if any: what a recorded weights tag
+    or a hub blob is checked against, so a load hashes a file once, not every time."""
+    state = _state(path)
+    try:
+        saved = json.loads(_record(state[0]).read_text())
+    except (OSError, ValueError):
+        return None
+    found = saved.get("hash") if isinstance(saved, dict) and saved.get("state") == list(state) else None
+    return found if isinstance(found, str) and len(found) == 64 else None  # not a torch.hub name's prefix
+
+
 def remember(path, expected: str) -> None:
     """Note that the file matched `expected`; where the cache cannot be written, only for this process."""
     state = _state(path)
