@@ -118,3 +118,15 @@ def test_every_exception_lives_in_zoo_errors_and_is_exported():
     # each also subclasses a built-in exception other than Exception itself, so `except KeyError` etc. work
     assert all(any(b.__module__ == "builtins" and b is not Exception for b in c.__mro__[1:]) for c in classes
                if c is not errors.ZooError)
+
+
+def test_only_zoo_constants_reads_zoos_environment_variables():
+    """constants.py says it holds every variable zoo reads; kernel_cache.py read ZOO_KERNEL_CACHE itself."""
+    readers = []
+    for module, path in _modules().items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value.startswith("ZOO_") \
+                    and node.value.isupper() and module != "zoo.constants":
+                readers.append(f"{module}: {node.value}")
+    source = {m: p.read_text() for m, p in _modules().items()}
+    assert [r for r in readers if "environ" in source[r.split(":")[0]] or "getenv" in source[r.split(":")[0]]] == []

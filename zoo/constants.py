@@ -64,6 +64,12 @@ def lock_timeout_s() -> float:
     return seconds
 
 
+def kernel_cache_enabled() -> bool:
+    """ZOO_KERNEL_CACHE=0: the meta forwards of scan, estimate and the index compute every op, none answered from
+    remembered ones (zoo.analysis.kernel_cache); any other value or none: they are."""
+    return os.environ.get("ZOO_KERNEL_CACHE", "1").strip() != "0"
+
+
 def cache_dir() -> Path:
     """ZOO_CACHE: where zoo keeps what it may recompute (which weights files it has hash-checked);
     default $XDG_CACHE_HOME/zoo, else ~/.cache/zoo."""

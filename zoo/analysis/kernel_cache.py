@@ -18,10 +18,10 @@ against analyses run without it.
 
 from __future__ import annotations
 
-import os
-
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
+
+from zoo.constants import kernel_cache_enabled
 
 _MAX_ENTRIES = 100_000  # about 2 KB each (measured over 100 timm models, 66 entries a model): 200 MB at the most
 _TABLE: dict = {}  # shared by every forward in this process: families repeat the same layers
@@ -56,7 +56,7 @@ def _kind(func):
 
 def enabled() -> bool:
     """Whether the meta forwards answer repeated ops from remembered ones (ZOO_KERNEL_CACHE=0: never)."""
-    return os.environ.get("ZOO_KERNEL_CACHE", "1") != "0"
+    return kernel_cache_enabled()
 
 
 def key_of(func, args, kwargs):

@@ -188,7 +188,7 @@ def weights_kwargs(builder: str, weights) -> dict:
         # quantize=True packs int8 weights into the model with a calibration forward that cannot run on meta,
         # and leaves no parameters. The row sizes the float model they were quantized from (the same module
         # classes with quantize=False), as torchvision's num_params and _ops do; loading these weights in
-        # place is refused (zoo.weights.pretrained).
+        # place is refused (zoo.pretrained).
         kwargs.update(quantize=False)
     if builder in _FROZEN_NORMS:
         kwargs[IS_TRAINED] = True
