@@ -4,6 +4,7 @@ every exception in zoo.errors. Read from the source with ast, so a lazy import i
 import ast
 import importlib
 import inspect
+import re
 from pathlib import Path
 
 import pytest
@@ -130,3 +131,12 @@ def test_only_zoo_constants_reads_zoos_environment_variables():
                 readers.append(f"{module}: {node.value}")
     source = {m: p.read_text() for m, p in _modules().items()}
     assert [r for r in readers if "environ" in source[r.split(":")[0]] or "getenv" in source[r.split(":")[0]]] == []
+
+
+def test_the_readme_layout_names_every_module():
+    """The README's layout block is where a new engineer starts: it missed 11 modules. Each module's name (or its
+    file) must appear in the block; a package's modules may be named on its line."""
+    readme = (PACKAGE.parent / "README.md").read_text()
+    block = readme.split("## Layout", 1)[1].split("```", 2)[1]
+    missing = [m for m in _modules() if m != "zoo" and not re.search(rf"\b{re.escape(m.rsplit('.', 1)[1])}\b", block)]
+    assert missing == [], f"name these modules in README.md's layout block: {missing}"
