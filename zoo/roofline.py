@@ -1,0 +1,117 @@
+"""A roofline estimate of a model's throughput on a listed device, from what the registry records on meta.
+
+Pure Python (no torch): it reads a registry row's numbers and a hardware table (catalog/hardware.csv:
+peak FLOP/s and memory bandwidth per device and mode, with their sources). The estimate is an upper
+bound in the roofline sense: a step can go no faster than its arithmetic at the peak rate, nor than
+its memory traffic at the peak bandwidth, so
+
+    seconds per sample = max(flops_per_sample / peak_flops, bytes_per_sample / bandwidth)
+
+with, for one sample of a batch of B:
+
+- flops_per_sample: the row's `flops` (inference, batch 1, 2 per multiply-accumulate). A training
+  step is counted as 3x the forward (the backward computes a gradient for the inputs and one for
+  the weights of every layer, each about as much arithmetic as the forward).
+- bytes_per_sample: activations plus weights. Every tensor autograd saves for backward
+  (`train_activation_bytes`, recorded in fp32) is an activation some layer wrote and a later layer
+  read, so an inference forward moves it twice (one write, one read), at the mode's element size
+  (2 bytes under AMP, 4 in fp32: the recorded bytes scaled by element_bytes / 4). A training step
+  moves 3x that (the forward's traffic, then the backward reads what was saved and writes and reads
+  gradients of the same size). The weights (`bytes`: parameters and buffers, fp32 as stored) are
+  read once per step (3x in training: forward, backward, the optimizer's update), shared by the B
+  samples of the batch, so they add bytes / B per sample: nothing at batch 1024 on a GPU, most of
+  the traffic at batch 1 on a CPU.
+
+No per-step overhead (kernel launches, Python, framework dispatch) is added: nothing recorded on
+meta says how many kernels a compiled or eager step launches, and a constant would be a fit, not a
+derivation. Caches are ignored too (a batch-1 CPU step whose weights fit in L2/L3 is not bound by
+DRAM). What the estimate misses shows up as measured/predicted below 1: the ratio is the fraction
+of the roofline a model reaches (bench/predict_throughput.py reports it per device and family).
+"""
+
+import csv
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from zoo.errors import InvalidArgument
+
+HARDWARE = Path(__file__).resolve().parent.parent / "catalog" / "hardware.csv"
+MODES = {"infer": 1, "train": 3}  # FLOPs and activation traffic of a step, in forwards
+FIELDS = ("column", "device", "mode", "precision", "element_bytes", "peak_tflops", "peak_basis",
+          "bandwidth_gbs", "bandwidth_basis", "source", "checked")  # checked: what could be confirmed
+
+
+@dataclass(frozen=True)
+class Device:
+    column: str  # zoo's measured-throughput column for this device and mode, e.g. infer_4090_amp
+    device: str
+    mode: str  # infer or train
+    precision: str
+    element_bytes: int  # bytes of an activation in this mode: 2 under AMP (fp16), 4 in fp32
+    peak_flops: float  # FLOP/s
+    bandwidth: float  # bytes/s
+    source: str
+
+
+@dataclass(frozen=True)
+class Estimate:
+    samples_per_s: float
+    compute_s: float  # seconds per sample at the peak FLOP/s
+    memory_s: float  # seconds per sample at the peak bandwidth
+    bytes_per_sample: float
+
+    @property
+    def bound(self) -> str:
+        return "compute" if self.compute_s >= self.memory_s else "memory"
+
+
+def _positive(row: dict, key: str, path) -> float:
+    try:
+        value = float(row[key])
+    except (TypeError, ValueError):
+        raise InvalidArgument(f"{path}: {row.get('column')!r}: {key} is {row.get(key)!r}, not a number") from None
+    if not (math.isfinite(value) and value > 0):
+        raise InvalidArgument(f"{path}: {row.get('column')!r}: {key} must be a positive number, not {value}")
+    return value
+
+
+def load_hardware(path: str | Path = HARDWARE) -> dict[str, Device]:
+    """The hardware table by column name; a row without a source or with a bad number is refused."""
+    with open(path, newline="") as f:
+        rows = list(csv.DictReader(f))
+    devices = {}
+    for row in rows:
+        missing = [k for k in FIELDS if not (row.get(k) or "").strip()]
+        if missing:
+            raise InvalidArgument(f"{path}: {row.get('column')!r} has no {', '.join(missing)}")
+        if row["mode"] not in MODES:
+            raise InvalidArgument(f"{path}: {row['column']!r}: mode {row['mode']!r} is not one of {sorted(MODES)}")
+        devices[row["column"]] = Device(
+            column=row["column"], device=row["device"], mode=row["mode"], precision=row["precision"],
+            element_bytes=int(_positive(row, "element_bytes", path)),
+            peak_flops=_positive(row, "peak_tflops", path) * 1e12,
+            bandwidth=_positive(row, "bandwidth_gbs", path) * 1e9, source=row["source"])
+    return devices
+
+
+def bytes_per_sample(row: Mapping, device: Device, batch: int) -> float:
+    """Memory traffic of one sample in a batch of `batch` (see the module's docstring)."""
+    steps = MODES[device.mode]
+    activations = 2 * steps * row["train_activation_bytes"] * device.element_bytes / 4
+    weights = steps * row["bytes"] / batch
+    return activations + weights
+
+
+def predict(row: Mapping, device: Device, batch: int) -> Estimate:
+    """Samples/s of `row` (flops, bytes, train_activation_bytes) on `device` at batch size `batch`."""
+    if not (isinstance(batch, int) and batch > 0):
+        raise InvalidArgument(f"batch must be a positive integer, not {batch!r}")
+    for key in ("flops", "bytes", "train_activation_bytes"):
+        if not (isinstance(row.get(key), (int, float)) and row[key] > 0):
+            raise InvalidArgument(f"a roofline estimate needs a positive {key}, the row has {row.get(key)!r}")
+    compute_s = MODES[device.mode] * row["flops"] / device.peak_flops
+    moved = bytes_per_sample(row, device, batch)
+    memory_s = moved / device.bandwidth
+    return Estimate(1 / max(compute_s, memory_s), compute_s, memory_s, moved)
