@@ -80,6 +80,8 @@ def test_a_bench_is_recorded_at_the_rows_input_size_with_its_hardware_and_versio
     assert "timm/resnet18" in [r["name"] for r in cli_json("search", "not bench_cpu>0", registry=registry)]
     shown = run_cli("show", "timm/vit_tiny_patch16_384", registry=registry).stdout
     assert _cpu_model_name() in shown and "cpu infer fp32 batch 2" in shown and f"torch {torch.__version__}" in shown
+    run, = cli_json("show", "timm/vit_tiny_patch16_384", registry=registry)["measurements"]
+    assert run["samples_per_s"] == speed and run["who"] == benchmark.who() and run["versions"] == result["versions"]
 
 
 def test_a_training_step_is_recorded_as_train_and_searched_apart_from_inference(registry):

@@ -67,13 +67,14 @@ def cmd_show(zoo, args) -> int:
     info = zoo.info(args.name, tensors=args.tensors)
     if args.tree:
         return _show_tree(zoo, info, args)
-    if args.json:
-        print(json.dumps(info.as_dict(), indent=1))
-        return 0
-    print(table([[k, v] for k, v in render.info_rows(info)]))
     from zoo.benchmark import recorded_runs
 
-    if runs := recorded_runs(zoo, info.name):  # zoo bench's measurements, with who, when and versions
+    runs = recorded_runs(zoo, info.name)  # zoo bench's measurements, with who, when and versions
+    if args.json:
+        print(json.dumps({**info.as_dict(), "measurements": runs}, indent=1, default=str))
+        return 0
+    print(table([[k, v] for k, v in render.info_rows(info)]))
+    if runs:
         print()
         print(table(measurement_rows(runs)))
     if args.tensors and info.tensor_table:
