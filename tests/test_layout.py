@@ -140,3 +140,17 @@ def test_the_readme_layout_names_every_module():
     block = readme.split("## Layout", 1)[1].split("```", 2)[1]
     missing = [m for m in _modules() if m != "zoo" and not re.search(rf"\b{re.escape(m.rsplit('.', 1)[1])}\b", block)]
     assert missing == [], f"name these modules in README.md's layout block: {missing}"
+
+
+def test_model_info_declares_the_public_columns_as_generated():
+    """ModelInfo's fields are written out (editors and type checkers see them), from zoo.columns by
+    tools/gen_model_info.py: a column added without running it fails here."""
+    import runpy
+
+    tool = runpy.run_path(str(PACKAGE.parent / "tools" / "gen_model_info.py"))
+    text = (PACKAGE / "model_info.py").read_text()
+    assert tool["generated"](text) == text, "run python tools/gen_model_info.py"
+    from zoo.columns import PUBLIC
+    from zoo.model_info import ModelInfo
+
+    assert list(ModelInfo.__dataclass_fields__)[:len(PUBLIC)] == [c.name for c in PUBLIC]
