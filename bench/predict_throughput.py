@@ -10,7 +10,7 @@ class as the registry records it (`arch`, e.g. timm.models.resnet.ResNet -> resn
 no torch, no timm. The correction is the median ratio of each family on --fit (every other family: the
 median over all of --fit's rows); it is applied to the held-out devices' predictions.
 
-Run `.venv/bin/python bench/predict_throughput.py [--registry R] [--fit infer_4090_amp] [--json]`.
+Run `.venv/bin/python bench/predict_throughput.py [--registry R] [--fit infer_4090_amp] [--json [--pairs]]`.
 """
 
 import argparse
@@ -93,6 +93,7 @@ def main(argv=None):
     p.add_argument("--fit", default="infer_4090_amp", help="the device column the per-family correction is fitted on")
     p.add_argument("--min-family", type=int, default=10, help="families with fewer rows on --fit are not printed")
     p.add_argument("--json", action="store_true")
+    p.add_argument("--pairs", action="store_true", help="with --json: every compared (model, size, measured, predicted)")
     a = p.parse_args(argv)
     if "://" in a.registry:
         p.error("--registry: a SQLite file (this script reads it with sqlite3)")
@@ -114,6 +115,8 @@ def main(argv=None):
         after = [m / (p_ * correction.get(f, overall)) for _, _, f, m, p_, _ in pairs[column]]
         report["correction"]["held_out"][column] = {"before": summary(before), "after": summary(after)}
 
+    if a.pairs:
+        report["pairs"] = {c: [[m, size, meas, pred] for m, size, _, meas, pred, _ in v] for c, v in pairs.items()}
     if a.json:
         print(json.dumps(report, indent=1))
         return
