@@ -137,6 +137,8 @@ def test_bad_input_is_a_typed_error_and_records_nothing(registry, indexed):
     # the shipped registry is written only when named: refused before anything is measured
     with pytest.raises(zoo.RegistryError, match="read-only"):
         zoo.bench("timm/resnet18", registry=zoo.Zoo(), **FEW)
+    with pytest.raises(zoo.RegistryError, match="read-only"):
+        benchmark.run_search(zoo.Zoo(), "name~timm/resnet1*", **FEW)
     assert _runs(registry) == []
 
 

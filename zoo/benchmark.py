@@ -220,6 +220,8 @@ def run_search(zoo, expression, report=None, **options) -> list[dict]:
     stopped. A model that fails is reported ({"name", "error"}) and the run goes on.
     report(name, done, total, result) is called after each model."""
     check_options(**{k: options[k] for k in ("device", "batch", "dtype", "steps", "warmup") if k in options})
+    if options.get("record", True):
+        zoo._writable  # a read-only registry is refused once, not reported as every model's failure
     names = [r["name"] for r in zoo.search(expression, fields=("name",))]
     out = []
     for i, name in enumerate(names):
