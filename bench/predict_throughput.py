@@ -7,10 +7,12 @@ train_img_size for the training file) and has flops, bytes and train_activation_
 the batch size the CSV measured is compared with the measurement: ratio = measured / predicted (below 1:
 slower than the roofline), error = max(ratio, 1 / ratio). A model's family is the timm module of its
 class as the registry records it (`arch`, e.g. timm.models.resnet.ResNet -> resnet), read with sqlite3:
-no torch, no timm. The correction is the median ratio of each family on --fit (every other family: the
+no torch, no timm (it differs from the module of timm's entrypoint for 92 of 1,371 architectures, e.g. deit's
+and vitamin's entrypoints build vision_transformer classes: --family-by entrypoint imports timm for those). The correction is the median ratio of each family on --fit (every other family: the
 median over all of --fit's rows); it is applied to the held-out devices' predictions.
 
-Run `.venv/bin/python bench/predict_throughput.py [--registry R] [--fit infer_4090_amp] [--json [--pairs]]`.
+Run `.venv/bin/python bench/predict_throughput.py [--registry R] [--fit infer_4090_amp] [--family-by class|entrypoint]
+[--json [--pairs]]`.
 """
 
 import argparse
@@ -43,7 +45,14 @@ def summary(ratios):
             "error_p90": quantile(errors, 0.9)}
 
 
-def registry_rows(path):
+def entrypoint_modules():
+    """{model: timm module of its entrypoint}, by timm's public listing (imports timm, and so torch: seconds)."""
+    import timm
+
+    return {m: module for module in timm.list_modules() for m in timm.list_models(module=module)}
+
+
+def registry_rows(path, modules=None):
     con = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
     rows = con.execute("SELECT name, arch, input_size, flops, bytes, train_activation_bytes FROM models "
                        "WHERE family = 'timm' AND kind = 'architecture' AND name LIKE 'timm/%'").fetchall()
@@ -51,6 +60,8 @@ def registry_rows(path):
     out = {}
     for name, arch, input_size, flops, nbytes, activations in rows:
         module = arch.split(".")[2] if arch and arch.startswith("timm.models.") else "?"
+        if modules is not None:
+            module = modules.get(name[len("timm/"):], module)
         out[name[len("timm/"):]] = {"family": module, "input_size": json.loads(input_size) if input_size else None,
                                     "flops": flops, "bytes": nbytes, "train_activation_bytes": activations}
     return out
@@ -92,13 +103,17 @@ def main(argv=None):
     p.add_argument("--results", default=str(ROOT / "catalog" / "timm-results"))
     p.add_argument("--fit", default="infer_4090_amp", help="the device column the per-family correction is fitted on")
     p.add_argument("--min-family", type=int, default=10, help="families with fewer rows on --fit are not printed")
+    p.add_argument("--family-by", choices=("class", "entrypoint"), default="class",
+                   help="class: the module of the model's class, from the registry's arch (no timm import); "
+                        "entrypoint: the module of timm's entrypoint (imports timm)")
     p.add_argument("--json", action="store_true")
     p.add_argument("--pairs", action="store_true", help="with --json: every compared (model, size, measured, predicted)")
     a = p.parse_args(argv)
     if "://" in a.registry:
         p.error("--registry: a SQLite file (this script reads it with sqlite3)")
     devices = load_hardware(a.hardware)
-    pairs, skipped = compare(registry_rows(a.registry), devices, a.results)
+    modules = entrypoint_modules() if a.family_by == "entrypoint" else None
+    pairs, skipped = compare(registry_rows(a.registry, modules), devices, a.results)
 
     fit = by_family(pairs[a.fit])
     overall = statistics.median(r for rs in fit.values() for r in rs)
@@ -130,7 +145,7 @@ def main(argv=None):
               f"{d['error_median']:>8.2f} {d['error_p90']:>8.2f}  {s['no row']} / {s['other input size']} / "
               f"{s['no analysis']}")
     shown = sorted((f for f, rs in fit.items() if len(rs) >= a.min_family), key=lambda f: -len(fit[f]))
-    print(f"\nper family (timm module of the model's class), median ratio per device; families with >= "
+    print(f"\nper family (timm module of the model's {a.family_by}), median ratio per device; families with >= "
           f"{a.min_family} rows on {a.fit}")
     columns = list(devices)
     print(f"{'family':<22} {'n':>4} " + " ".join(f"{c[:15]:>15}" for c in columns))

@@ -109,6 +109,21 @@ def test_the_bench_script_reports_every_device_on_the_shipped_registry():
     assert all(column in text for column in THROUGHPUT)
 
 
+def test_families_can_be_timm_entrypoint_modules():
+    # some of deit's entrypoints (timm.models.deit) build VisionTransformer (timm.models.vision_transformer)
+    script = [sys.executable, str(ROOT / "bench" / "predict_throughput.py"), "--json"]
+    by_class = json.loads(subprocess.run(script, capture_output=True, text=True, check=True, timeout=120).stdout)
+    by_entry = json.loads(subprocess.run(script + ["--family-by", "entrypoint"], capture_output=True, text=True,
+                                         check=True, timeout=120).stdout)
+    import timm
+
+    assert "deit_small_patch16_224" in timm.list_models(module="deit")
+    entry, cls = by_entry["families"]["infer_4090_amp"], by_class["families"]["infer_4090_amp"]
+    assert entry["deit"]["n"] > cls["deit"]["n"]  # deit_small_patch16_224 and others move to deit
+    assert entry["vision_transformer"]["n"] < cls["vision_transformer"]["n"]
+    assert by_entry["devices"] == by_class["devices"]  # the same pairs, grouped differently
+
+
 def _benchmark_file(column):
     from zoo.families.timm import BENCHMARKS
 
