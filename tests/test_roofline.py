@@ -88,6 +88,13 @@ def test_a_hardware_row_without_a_source_or_with_a_bad_number_is_refused(tmp_pat
         load_hardware(path)
 
 
+def test_a_missing_or_unreadable_hardware_table_is_refused(tmp_path):
+    (tmp_path / "binary.csv").write_bytes(b"column,source\n\xff\xfe\n")
+    for path in (tmp_path / "absent.csv", tmp_path / "binary.csv"):
+        with pytest.raises(InvalidArgument, match="cannot read the hardware table"):
+            load_hardware(path)
+
+
 def test_the_bench_script_reports_every_device_on_the_shipped_registry():
     script = [sys.executable, str(ROOT / "bench" / "predict_throughput.py"), "--registry", str(ROOT / "registry.db")]
     report = json.loads(subprocess.run(script + ["--json", "--pairs"], capture_output=True, text=True, check=True,

@@ -79,8 +79,11 @@ def _positive(row: dict, key: str, path) -> float:
 
 def load_hardware(path: str | Path = HARDWARE) -> dict[str, Device]:
     """The hardware table by column name; a row without a source or with a bad number is refused."""
-    with open(path, newline="") as f:
-        rows = list(csv.DictReader(f))
+    try:
+        with open(path, newline="") as f:
+            rows = list(csv.DictReader(f))
+    except (OSError, UnicodeDecodeError, csv.Error) as e:  # the table is in the checkout's catalog/, not the wheel
+        raise InvalidArgument(f"cannot read the hardware table {path}: {e}") from None
     devices = {}
     for row in rows:
         missing = [k for k in FIELDS if not (row.get(k) or "").strip()]
