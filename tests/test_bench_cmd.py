@@ -78,6 +78,8 @@ def test_a_bench_is_recorded_at_the_rows_input_size_with_its_hardware_and_versio
         with db.session(registry) as s:
             assert cli_json("search", search, registry=registry) == [] == store.search(s, search)
     assert "timm/resnet18" in [r["name"] for r in cli_json("search", "not bench_cpu>0", registry=registry)]
+    header, row = run_cli("search", "bench_cpu>0", registry=registry).stdout.splitlines()
+    assert header.split()[-1] == "bench_cpu" and row.split()[-1] == f"{speed:.2f}"  # the table shows the number
     shown = run_cli("show", "timm/vit_tiny_patch16_384", registry=registry).stdout
     assert _cpu_model_name() in shown and "cpu infer fp32 batch 2" in shown and f"torch {torch.__version__}" in shown
     run, = cli_json("show", "timm/vit_tiny_patch16_384", registry=registry)["measurements"]
@@ -161,4 +163,7 @@ def test_a_team_registry_on_postgresql_collects_measurements(registry, pg_server
     t = zoo.connect(team)
     assert [r["name"] for r in t.search("bench_cpu>0", fields=("name",))] == ["timm/resnet18", "user/conv"]
     assert [r["name"] for r in t.search("bench_cpu>0 and not name~user/*", fields=("name",))] == ["timm/resnet18"]
-    assert {r["who"] for n in ("user/conv", "timm/resnet18") for r in benchmark.recorded_runs(t, n)} == {benchmark.who()}
+    runs = {n: benchmark.recorded_runs(t, n) for n in ("user/conv", "timm/resnet18")}
+    assert {r["who"] for n in runs for r in runs[n]} == {benchmark.who()}
+    assert benchmark.fastest(t, [*runs, "timm/vit_tiny_patch16_224"], "bench_cpu") == {
+        n: r["samples_per_s"] for n in runs for r in runs[n]}

@@ -251,3 +251,17 @@ def recorded_runs(zoo, name: str) -> list[dict]:
         with db.session(zoo.url) as s:
             runs = measurements.of_model(s, full)
     return runs
+
+
+def fastest(zoo, names: list[str], field: str) -> dict[str, float]:
+    """Name -> the best samples/s among its runs that a measured field (bench_cpu, ...) compares."""
+    from zoo.measured import MEASURED
+    from zoo.registry import lite
+
+    found = lite.fastest(zoo.url, names, *MEASURED[field])
+    if found is None:
+        from zoo.registry import db, measurements
+
+        with db.session(zoo.url) as s:
+            found = measurements.fastest(s, names, *MEASURED[field])
+    return found

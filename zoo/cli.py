@@ -7,7 +7,7 @@ import re
 import sys
 
 from zoo import render
-from zoo.cli_bench import add_parser as add_bench_parser, measurement_rows
+from zoo.cli_bench import add_parser as add_bench_parser, measured_columns, measurement_rows
 from zoo.cli_index import cmd_index, hub_listing, progress_reporter
 from zoo.render import human, printable, table
 from zoo.errors import AnalysisError, InvalidArgument, ModelNotFound, ZooError
@@ -27,7 +27,8 @@ def cmd_search(zoo, args) -> int:
         print("no models match", file=sys.stderr)
         return 0
     columns = render.search_columns(args.expression, args.sort)
-    print(table([list(columns)] + [[render.cell(i, c) for c in columns] for i in found]))
+    measured, cells = measured_columns(zoo, args.expression, found)  # bench_cpu, ...: best samples/s
+    print(table([[*columns, *measured]] + [[*(render.cell(i, c) for c in columns), *m] for i, m in zip(found, cells)]))
     if args.limit and len(found) == args.limit:
         print(f"(first {args.limit}; --limit 0 for all)", file=sys.stderr)
     return 0

@@ -311,3 +311,25 @@ def measurements(url: str, name: str) -> list[dict] | None:
               "measured_at": datetime.fromisoformat}
     return [{n: decode.get(n, lambda v: v)(v) for n, v in zip(names, row) if n not in ("id", "model_id")}
             for row in rows]
+
+
+def fastest(url: str, names: list[str], device: str, mode: str) -> dict[str, float] | None:
+    """zoo.registry.measurements.fastest from a plain SQLite registry file at this schema; None where this path
+    does not apply."""
+    path = sqlite_file(url)
+    con = None if path is None else _connect(path)
+    if con is None:
+        return None
+    out = {}
+    try:
+        for i in range(0, len(names), 500):  # bound the statement's parameters
+            chunk = names[i:i + 500]
+            out.update(con.execute(
+                "SELECT models.name, max(measurements.samples_per_s) FROM measurements JOIN models ON models.id = "
+                "measurements.model_id WHERE measurements.device = ? AND measurements.mode = ? AND models.name IN "
+                f"({', '.join('?' * len(chunk))}) GROUP BY models.name", [device, mode, *chunk]).fetchall())
+    except sqlite3.Error:
+        return None
+    finally:
+        con.close()
+    return out

@@ -4,11 +4,11 @@ bench resumes by it), and list a model's runs for `zoo show`."""
 import json
 from datetime import datetime, timezone
 
-from sqlalchemy import select
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from zoo.registry.store import check_lengths, resolve
-from zoo.registry.tables import Measurement
+from zoo.registry.tables import Measurement, Model
 
 # What makes two runs the same kind: the same model on the same hardware in the same mode (a search's bench
 # skips a model that has one)
@@ -40,4 +40,15 @@ def of_model(session: Session, name: str) -> list[dict]:
     for m in runs:
         d = {c.name: getattr(m, c.name) for c in Measurement.__table__.c if c.name not in ("id", "model_id")}
         out.append({**d, **{k: json.loads(d[k]) for k in _JSON}})
+    return out
+
+
+def fastest(session: Session, names: list[str], device: str, mode: str) -> dict[str, float]:
+    """Full name -> the highest samples/s of its runs of that device and mode, for those of `names` with one."""
+    out = {}
+    for i in range(0, len(names), 500):  # bound the statement's parameters
+        out.update(session.execute(
+            select(Model.name, func.max(Measurement.samples_per_s)).join(Model, Model.id == Measurement.model_id)
+            .where(Measurement.device == device, Measurement.mode == mode, Model.name.in_(names[i:i + 500]))
+            .group_by(Model.name)).all())
     return out
