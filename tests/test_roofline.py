@@ -51,9 +51,18 @@ def test_a_training_step_is_three_forwards():
     assert est.bytes_per_sample == pytest.approx(3 * (2 * 80e6 * 2 / 4) + 3 * 100e6 / 256)
 
 
+def test_a_model_info_from_the_shipped_registry_is_a_row():
+    import zoo
+
+    info = zoo.Zoo(str(ROOT / "registry.db")).info("timm/resnet50")
+    numbers = {"flops": info.flops, "bytes": info.bytes, "train_activation_bytes": info.train_activation_bytes}
+    assert predict(info, GPU, 1024) == predict(numbers, GPU, 1024)
+
+
 @pytest.mark.parametrize("row, batch", [({"flops": 1e9, "bytes": 1e6, "train_activation_bytes": None}, 1),
                                         ({"flops": 0, "bytes": 1e6, "train_activation_bytes": 1e6}, 1),
-                                        ({"flops": 1e9, "bytes": 1e6, "train_activation_bytes": 1e6}, 0)])
+                                        ({"flops": 1e9, "bytes": 1e6, "train_activation_bytes": 1e6}, 0),
+                                        ({"flops": 1e9, "bytes": True, "train_activation_bytes": 1e6}, 1)])
 def test_a_row_without_its_numbers_or_a_bad_batch_is_refused(row, batch):
     with pytest.raises(InvalidArgument):
         predict(row, GPU, batch)

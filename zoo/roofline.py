@@ -99,21 +99,32 @@ def load_hardware(path: str | Path = HARDWARE) -> dict[str, Device]:
     return devices
 
 
-def bytes_per_sample(row: Mapping, device: Device, batch: int) -> float:
+def _numbers(row) -> dict:
+    """flops, bytes and train_activation_bytes of a registry row: a mapping, or zoo.info's ModelInfo."""
+    get = row.get if isinstance(row, Mapping) else lambda key: getattr(row, key, None)
+    out = {}
+    for key in ("flops", "bytes", "train_activation_bytes"):
+        value = get(key)
+        if isinstance(value, bool) or not (isinstance(value, (int, float)) and value > 0):
+            raise InvalidArgument(f"a roofline estimate needs a positive {key}, the row has {value!r}")
+        out[key] = value
+    return out
+
+
+def bytes_per_sample(row, device: Device, batch: int) -> float:
     """Memory traffic of one sample in a batch of `batch` (see the module's docstring)."""
-    steps = MODES[device.mode]
+    row, steps = _numbers(row), MODES[device.mode]
     activations = 2 * steps * row["train_activation_bytes"] * device.element_bytes / 4
     weights = steps * row["bytes"] / batch
     return activations + weights
 
 
-def predict(row: Mapping, device: Device, batch: int) -> Estimate:
-    """Samples/s of `row` (flops, bytes, train_activation_bytes) on `device` at batch size `batch`."""
-    if not (isinstance(batch, int) and batch > 0):
+def predict(row, device: Device, batch: int) -> Estimate:
+    """Samples/s of a row (a mapping or a ModelInfo: flops, bytes, train_activation_bytes) on `device` at
+    batch size `batch`."""
+    if isinstance(batch, bool) or not (isinstance(batch, int) and batch > 0):
         raise InvalidArgument(f"batch must be a positive integer, not {batch!r}")
-    for key in ("flops", "bytes", "train_activation_bytes"):
-        if not (isinstance(row.get(key), (int, float)) and row[key] > 0):
-            raise InvalidArgument(f"a roofline estimate needs a positive {key}, the row has {row.get(key)!r}")
+    row = _numbers(row)
     compute_s = MODES[device.mode] * row["flops"] / device.peak_flops
     moved = bytes_per_sample(row, device, batch)
     memory_s = moved / device.bandwidth
