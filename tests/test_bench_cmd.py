@@ -167,3 +167,28 @@ def test_a_team_registry_on_postgresql_collects_measurements(registry, pg_server
     assert {r["who"] for n in runs for r in runs[n]} == {benchmark.who()}
     assert benchmark.fastest(t, [*runs, "timm/vit_tiny_patch16_224"], "bench_cpu") == {
         n: r["samples_per_s"] for n in runs for r in runs[n]}
+
+
+def test_a_killed_search_bench_resumes_with_the_models_it_had_recorded(registry):
+    """SIGKILL (no cleanup runs) once the first model is recorded; the rerun skips exactly what was recorded."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from tests.conftest import ROOT
+
+    search = "name~timm/resnet18 or name~timm/vit_tiny_patch16_224 or name=user/conv"
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "ZOO_REGISTRY": registry.removeprefix("sqlite:///")}
+    proc = subprocess.Popen([sys.executable, "-m", "zoo.cli", "bench", search, "-q", "--steps", "5", "--warmup", "1"],
+                            env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 300
+    while not _runs(registry) and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    before = [name for name, _ in _runs(registry)]
+    assert before  # at least the first model was recorded before the kill
+    again = benchmark.run_search(zoo.connect(registry), search, steps=5, warmup=1)
+    assert [r["name"] for r in again if r["skipped"]] == before
+    assert sorted(name for name, _ in _runs(registry)) == sorted(r["name"] for r in again)  # one run each
