@@ -2,7 +2,6 @@
 searchable by both search paths (bench_cpu, ...), listed by `zoo show`; a search resumes after a stop; bad input
 is a typed error and records nothing. Real timm models at a few steps: nothing here is timed."""
 
-import json
 import os
 import shutil
 import sqlite3

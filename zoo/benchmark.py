@@ -14,7 +14,6 @@ RSS growth over the process's RSS before the model was allocated (Linux: VmHWM, 
 from __future__ import annotations
 
 import getpass
-import json
 import platform
 import socket
 import time
@@ -233,10 +232,6 @@ def run_search(zoo, expression, report=None, **options) -> list[dict]:
         if report is not None:
             report(name, i + 1, len(names), result)
     return out
-
-
-def as_json(result: dict) -> str:
-    return json.dumps(result, default=str)
 
 
 def recorded_runs(zoo, name: str) -> list[dict]:
