@@ -61,6 +61,8 @@ def test_api_search_answers_what_zoo_search_answers(site, small_registry, q):
         assert status == 200
         found = Zoo(small_registry).search(q, order_by=sort, limit=None)
         assert [p["name"] for p in body["points"]] == [i.name for i in found]
+        # each point says the size its numbers are at
+        assert [p["input_size"] for p in body["points"]] == [list(i.input_size) if i.input_size else None for i in found]
         assert [r["name"] for r in body["rows"]] == [i.name for i in found][:views.PER_PAGE]
         assert body["total"] == len(found) and body["more"] is False
         assert dict(body["facets"]["family"]) == Counter(i.family for i in found)

@@ -135,6 +135,8 @@ def test_search_sort_plot_hover_and_click_through(browser, site, small_registry)
     tooltip = browser.find_element("id", "tooltip")
     wait(browser, lambda d: tooltip.is_displayed(), "no tooltip on hover")
     assert target.get_attribute("data-name") in tooltip.text
+    size = next(i.input_size for i in expected if i.name == target.get_attribute("data-name"))
+    assert f" at {size[-2]}x{size[-1]}" in tooltip.text  # the size the point's numbers are at
     shot(browser, "02-plot-hover.png")
 
     Select(browser.find_element("id", "plot-x")).select_by_value("params")  # x = params, y = GFLOPs

@@ -42,6 +42,7 @@ def summary(info: ModelInfo) -> dict:
     row = {f: getattr(info, f, None) for f in SEARCH_FIELDS if f != "short"}
     row["short"] = info.name.split("/", 1)[-1]  # the grammar's bare name; ModelInfo keeps it private
     row.update({c: getattr(info, c, None) for c in columns()})
+    row["input_size"] = list(info.input_size) if info.input_size else None  # the plot says a point's size
     return row
 
 
@@ -81,15 +82,16 @@ def search(zoo: Zoo, params) -> dict:
             e.param = "sort"
             raise
     shown = columns()
-    plotted = [f for f in PLOT_FIELDS if f in shown]
+    plotted = [f for f in PLOT_FIELDS if f in shown] + ["input_size"]  # the size a point's numbers are at
     # just the fields shown: reading whole rows (ModelInfo) for every match is most of a search's time
-    found = zoo.search(q or None, order_by=sort, limit=MAX_RESULTS + 1, fields=shown)
+    found = zoo.search(q or None, order_by=sort, limit=MAX_RESULTS + 1, fields=[*shown, "input_size"])
     more = len(found) > MAX_RESULTS
     found = found[:MAX_RESULTS]
     start = (page - 1) * per_page
     return {
         "q": q, "sort": sort, "page": page, "per_page": per_page, "total": len(found), "more": more,
-        "pages": max(1, math.ceil(len(found) / per_page)), "columns": shown, "rows": found[start:start + per_page],
+        "pages": max(1, math.ceil(len(found) / per_page)), "columns": shown,
+        "rows": [{c: r[c] for c in shown} for r in found[start:start + per_page]],
         "facets": {f: Counter(r[f] for r in found if r[f]).most_common() for f in ("family", "task")},
         "points": [{f: r[f] for f in plotted} for r in found],
     }

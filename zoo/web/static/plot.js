@@ -40,6 +40,8 @@ function scale(values, log, from, to) {
 const value = (field, n) => (field === "flops" ? n / 1e9 : n);
 // powers of ten: 0.01, 1, 100, 1K, 10M (GFLOPs and params alike)
 const tickLabel = (field, n) => (field === "top1" || n < 1000 ? String(n) : human(n).replace(/\.00/, ""));
+// the size a point's numbers are at (top1 and flops of a row are at its input_size)
+export const atSize = (p) => (p.input_size ? ` at ${p.input_size.slice(-2).join("x")}` : "");
 export const describe = (field, n) => (field === "flops" ? `${(n / 1e9).toFixed(2)} GFLOPs` : field === "top1" ? `${n}%` : `${human(n)} params`);
 
 // Draws into `container`; returns {plotted, skipped, front}. onOpen(name) follows a click.
@@ -79,7 +81,7 @@ export function drawPlot(container, points, x, { tooltip, onOpen, legend }) {
   for (const p of usable) {
     const cx = sx.at(value(x, p[x])), cy = sy.at(value(y, p[y]));
     const show = (event) => {
-      tooltip.replaceChildren(el("strong", null, p.name), el("br"), `${describe(x, p[x])}, ${describe(y, p[y])}`);
+      tooltip.replaceChildren(el("strong", null, p.name), el("br"), `${describe(x, p[x])}, ${describe(y, p[y])}${atSize(p)}`);
       tooltip.hidden = false;
       const box = container.getBoundingClientRect();
       tooltip.style.left = `${event.clientX - box.left + 12}px`;

@@ -4,7 +4,7 @@
 // computed here by grammar.js over data/index.json. Every change is a plain link, so each view has a URL.
 import { el, errorView, gflops, getJSON, human, modelHref, pageData, searchHref } from "./format.js";
 import { search as searchLocal, SearchSyntaxError } from "./grammar.js";
-import { describe, drawPlot } from "./plot.js";
+import { atSize, describe, drawPlot } from "./plot.js";
 
 const data = pageData();
 const mode = data.mode;
@@ -72,7 +72,7 @@ function renderPlot(result) {
   $("plot-note").textContent = drawn.skipped ? `${drawn.skipped} not plotted (no ${names[x]} or ${names[drawn.y]} recorded)` : "";
   $("front-note").textContent = drawn.front.length ? `(highest ${names[drawn.y]} for its ${names[x]})` : "";
   $("front").replaceChildren(...drawn.front.map((p) => el("li", { "data-name": p.name },
-    el("a", { href: modelHref(mode, p.name) }, p.name), ` ${describe(x, p[x])}, ${describe(drawn.y, p[drawn.y])}`)));
+    el("a", { href: modelHref(mode, p.name) }, p.name), ` ${describe(x, p[x])}, ${describe(drawn.y, p[drawn.y])}${atSize(p)}`)));
 }
 
 function showError(body) {
