@@ -16,7 +16,7 @@ PACKAGE = Path(zoo.__file__).resolve().parent
 # Lower layers first; a module may import only from its own layer or below. TYPE_CHECKING-only
 # imports (annotations) are not imports at run time and are skipped.
 LAYERS = [
-    ["zoo.errors", "zoo.constants", "zoo.columns", "zoo.roofline", "zoo.measured", "zoo.dtypes"],
+    ["zoo.errors", "zoo.constants", "zoo.columns", "zoo.roofline", "zoo.measured", "zoo.dtypes", "zoo.caching"],
     ["zoo.query", "zoo.recipe", "zoo.inspection", "zoo.structure", "zoo.model_info"],
     ["zoo.meta", "zoo.weights", "zoo.construction"],
     ["zoo.families"],
@@ -154,3 +154,49 @@ def test_model_info_declares_the_public_columns_as_generated():
     from zoo.model_info import ModelInfo
 
     assert list(ModelInfo.__dataclass_fields__)[:len(PUBLIC)] == [c.name for c in PUBLIC]
+
+
+_EMPTY_CONTAINERS = ("dict", "set", "list", "OrderedDict", "defaultdict")
+
+
+def _module_level_caches(tree: ast.Module) -> set[str]:
+    """Names bound at module level to an empty dict, set or list (filled as the process runs), and names a
+    function rebinds with `global` (a lazily set value)."""
+    names = set()
+    for node in tree.body:
+        target, value = (node.targets[0], node.value) if isinstance(node, ast.Assign) else \
+            (node.target, node.value) if isinstance(node, ast.AnnAssign) else (None, None)
+        empty = isinstance(value, (ast.Dict, ast.Set, ast.List)) and not getattr(value, "keys", getattr(value, "elts", None)) \
+            or isinstance(value, ast.Call) and getattr(value.func, "id", getattr(value.func, "attr", None)) in _EMPTY_CONTAINERS \
+            and not value.args
+        if isinstance(target, ast.Name) and empty:
+            names.add(target.id)
+    names |= {n for node in ast.walk(tree) if isinstance(node, ast.Global) for n in node.names}
+    return names
+
+
+def test_every_module_level_cache_is_registered_with_a_bound():
+    """One registry of caches (zoo.caching) with one reset, zoo.cache_clear(): about ten caches each had their own
+    lifetime and some no bound. A module that keeps one names it in a register(...) call."""
+    unregistered = []
+    for module, path in _modules().items():
+        if module == "zoo.caching":
+            continue
+        tree = ast.parse(path.read_text())
+        registered = {ast.unparse(arg) for node in ast.walk(tree) if isinstance(node, ast.Call)
+                      and getattr(node.func, "id", None) == "register" for arg in [*node.args, *(k.value for k in node.keywords)]}
+        text = " ".join(registered)
+        unregistered += [f"{module}.{name}" for name in _module_level_caches(tree) if not re.search(rf"\b{name}\b", text)]
+    assert unregistered == []
+
+
+def test_cache_clear_empties_every_cache():
+    import zoo
+    from zoo.caching import _ALL
+
+    zoo.get("timm/resnet18")  # a template, structure parts, tags, engines or the lite reader
+    assert zoo.caches()["templates"][0] >= 1
+    assert all(0 < c.bound for c in _ALL.values())
+    zoo.cache_clear()
+    assert {name: size for name, (size, _) in zoo.caches().items() if size} == {}
+    assert zoo.get("timm/resnet18") is not None  # and everything rebuilds after

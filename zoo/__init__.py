@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from zoo.api import Zoo, connect
+from zoo.caching import cache_clear, caches
 from zoo.errors import (
     AmbiguousName, AnalysisError, AnalysisTimeout, BuildFailed, CatalogError, CheckpointError, DownloadBlocked,
     HubUnavailable, InvalidArgument, InvalidComparison, InvalidRecipe, MaterializeError, ModelExists, ModelNotFound,
@@ -86,7 +87,7 @@ fields = FIELDS
 
 __all__ = [
     "Zoo", "connect", "get", "info", "search", "check", "scan", "estimate", "transform", "bench", "F", "FIELDS", "fields", "ModelInfo",
-    "TensorInfo",
+    "TensorInfo", "cache_clear", "caches",
     "ZooError", "ModelNotFound", "AmbiguousName", "SearchSyntaxError", "InvalidComparison", "BuildFailed",
     "NotBuildable", "InvalidRecipe", "InvalidArgument", "UntrustedBuilder", "UnknownFamily", "SchemaOutdated",
     "RegistryDrift", "RegistryError", "RegistryLocked", "RegistryNotFound", "ModelExists", "CatalogError", "CheckpointError", "WeightsMismatch", "HubUnavailable", "DownloadBlocked",

@@ -7,6 +7,7 @@ import time
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from dataclasses import dataclass, field
 
+from zoo.caching import register
 from zoo.constants import CONSTRUCTOR_TAG
 from zoo.errors import InvalidArgument, InvalidRecipe, ModelExists, ZooError, reason
 from zoo.families import family
@@ -74,6 +75,8 @@ def _worker_start(parent: int) -> None:
 
 
 _known: dict = {}  # structure digest -> analysis, set by _index_groups before its workers fork: they inherit it
+# bound: the families' recorded analyses, read whole at the start of an index run (one per distinct structure)
+register("recorded analyses", _known, 1_000_000)
 
 
 def _records_of_group(group: list):
@@ -199,9 +202,10 @@ def _index_groups(url: str, families, groups: list, jobs: int, force: bool, prog
     group is built in order in one worker, and each model is saved in its own transaction as it comes."""
     outcome = Outcome()
     versions = {name: family(name).versions() for name in families}
-    global _known
     with db.session(url) as s:
-        _known = {} if force else {k: v for name in families for k, v in store.analyses_by_digest(s, name).items()}
+        _known.clear()
+        if not force:
+            _known.update({k: v for name in families for k, v in store.analyses_by_digest(s, name).items()})
         todo = []
         for group in groups:
             left = []

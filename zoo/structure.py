@@ -21,6 +21,8 @@ import types
 
 import torch
 
+from zoo.caching import register
+
 _TENSOR_SLOTS = ("_parameters", "_buffers")
 _PRIMITIVES = (int, float, complex, str, bytes, bool, type(None))
 # timm's record of where a model's weights come from (hub id, URL, tag): read by its builders and data-config
@@ -50,7 +52,7 @@ def structure_digest(module: torch.nn.Module, spec) -> str | None:
                 part = _PARTS.get(known)
                 if part is None:
                     part = _part(key, value)
-                    if len(_PARTS) < 100_000:  # a bound: widths and names are many, empty dicts and flags few
+                    if len(_PARTS) < _MAX_PARTS:  # a bound: widths and names are many, empty dicts and flags few
                         _PARTS[known] = part
                 parts.append(part)
     except ValueError:  # something without a stable description: analysed for itself
@@ -60,6 +62,8 @@ def structure_digest(module: torch.nn.Module, spec) -> str | None:
 
 _SCALARS = frozenset({bool, int, str, type(None)})  # not float: 0.0 == -0.0, one key, two descriptions
 _PARTS: dict = {}  # (key, type[, value]) -> the part _part gives it
+_MAX_PARTS = 100_000
+register("structure parts", _PARTS, _MAX_PARTS)
 
 
 def _part(key: str, value) -> str:

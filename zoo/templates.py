@@ -12,8 +12,11 @@ from collections import OrderedDict
 import torch
 from torch import nn
 
+from zoo.caching import register
+
 _MAX_TEMPLATES = 32
 _templates: "OrderedDict[tuple, nn.Module]" = OrderedDict()
+register("templates", _templates, _MAX_TEMPLATES)  # the least recently used goes first
 _PRIMITIVES = (int, float, str, bool, type(None), torch.dtype, torch.device, torch.Size)
 
 

@@ -16,10 +16,12 @@ import json
 import os
 import threading
 
+from zoo.caching import register, trim
 from zoo.constants import cache_dir
 from zoo.errors import InvalidArgument
 
 _caught: dict[str, dict] = {}  # record key -> the arguments
+register("timm loader arguments", _caught, 4096)
 _CATCHING = threading.Lock()
 
 
@@ -30,6 +32,7 @@ def timm_load_arguments(builder: str, kwargs: dict) -> dict:
 
     key = json.dumps([timm.__version__, builder, kwargs], sort_keys=True)
     if key not in _caught:
+        trim(_caught, 4096)
         _caught[key] = _recalled(key) or _remember(key, _catch(builder, kwargs))
     caught = _caught[key]
     return {**caught, "cfg": copy.deepcopy(caught["cfg"])}

@@ -21,12 +21,16 @@ from __future__ import annotations
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from zoo.caching import register, trim
 from zoo.constants import kernel_cache_enabled
 
 _MAX_ENTRIES = 100_000  # about 2 KB each (measured over 100 timm models, 66 entries a model): 200 MB at the most
 _TABLE: dict = {}  # shared by every forward in this process: families repeat the same layers
 _COUNTED: dict = {}  # the FLOP count's (zoo.analysis.meters): key -> (record of a decomposed op's outputs or None, FLOPs)
 _KIND: dict = {}  # op overload -> FUNCTIONAL, IN_PLACE or None (not answered)
+register("meta kernels", _TABLE, _MAX_ENTRIES)
+register("counted FLOPs", _COUNTED, _MAX_ENTRIES)
+register("op kinds", _KIND, 100_000)  # one per op overload torch has
 FUNCTIONAL, IN_PLACE = "functional", "in-place"
 _SELF = "self"  # the record of an in-place op: it returns its first argument, its metadata unchanged
 # PyTorch's own ops, whose meta kernels read their arguments alone; a library's or a user's op may register a
@@ -50,6 +54,7 @@ def _kind(func):
             kind = IN_PLACE  # add_, relu_, mul_: self changed in value only (checked when recorded)
         else:
             kind = None
+        trim(_KIND, 100_000)
         _KIND[func] = kind
     return kind
 

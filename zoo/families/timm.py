@@ -1,6 +1,7 @@
 """timm family: every name in timm.list_models(), built with pretrained=False; and every pretrained tag
 (timm.list_pretrained(), "resnet50.a1_in1k") as a variant row with its published metadata and results."""
 
+from zoo.caching import register
 from zoo.errors import InvalidArgument, UntrustedBuilder
 from zoo.families import torch_version
 
@@ -30,6 +31,14 @@ def _pretrained_tags() -> frozenset:
 
 
 _TAGS = None
+
+
+def _forget_tags() -> None:
+    global _TAGS
+    _TAGS = None
+
+
+register("timm pretrained tags", bound=1, clear=_forget_tags, size=lambda: int(_TAGS is not None))
 
 
 # timm constructs a model's class once (build_model_with_cfg), with the arguments its tag resolves to (num_classes,

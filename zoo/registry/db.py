@@ -9,6 +9,7 @@ from pathlib import Path
 from sqlalchemy import Engine, create_engine, event, exc, inspect, text
 from sqlalchemy.orm import Session
 
+from zoo.caching import register, trim
 from zoo.constants import lock_timeout_s
 from zoo.errors import RegistryError, RegistryLocked, RegistryNotFound, SchemaOutdated, ZooError
 
@@ -163,8 +164,19 @@ def engine(url: str, write: bool = False) -> Engine:
         @event.listens_for(eng, "begin")
         def _begin(conn):
             conn.exec_driver_sql("BEGIN IMMEDIATE" if write else "BEGIN")
+    if len(_engines) >= 256:
+        _dispose_engines()
     _engines[(url, write)] = eng
     return eng
+
+
+def _dispose_engines() -> None:
+    for eng in _engines.values():
+        eng.dispose()
+    _engines.clear()
+
+
+register("registry engines", bound=256, clear=_dispose_engines, size=lambda: len(_engines))  # two per registry URL
 
 
 def cached_engines() -> list[Engine]:
@@ -217,6 +229,7 @@ def known_revisions() -> list[str]:
 
 
 _checked: set[tuple[str, bool]] = set()
+register("registry schema checks", _checked, 256)
 
 
 def open_registry(url: str, write: bool = False, create: bool = False) -> Engine:
@@ -239,6 +252,7 @@ def open_registry(url: str, write: bool = False, create: bool = False) -> Engine
         if write:
             with eng.connect():  # the writer's own set-up (WAL) happens now, inside the translation
                 pass
+    trim(_checked, 256)
     _checked.add((url, write))
     return eng
 

@@ -1,10 +1,13 @@
 """The memory a load reads into, and the threads that fill it."""
 
+import functools
 import os
 import sys
 from concurrent.futures import ThreadPoolExecutor
 
 import torch
+
+from zoo.caching import register
 
 
 def allocate(shapes: list[tuple[tuple[int, ...], torch.dtype]], device: torch.device) -> list[torch.Tensor]:
@@ -16,7 +19,18 @@ def allocate(shapes: list[tuple[tuple[int, ...], torch.dtype]], device: torch.de
 
 _MADV_POPULATE_WRITE = 23  # Linux 5.14+
 _PAGE = 4096
-_libc = None
+
+
+@functools.cache
+def _madvise():
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    return libc.madvise
+
+
+register("libc madvise", bound=1, clear=_madvise.cache_clear, size=lambda: _madvise.cache_info().currsize)
 
 
 def populate(t: torch.Tensor) -> None:
@@ -24,18 +38,12 @@ def populate(t: torch.Tensor) -> None:
     them in a loop instead of taking a trap per 4 KiB page (ViT-L's first load: 0.33 -> 0.28 s on 2
     cores). Huge pages (MADV_HUGEPAGE) were measured too: this kernel compacts synchronously for them
     and the same load took 1.3-1.4 s. Where the call is not available nothing happens."""
-    global _libc
     if t.device.type != "cpu" or t.nbytes < (1 << 20) or not sys.platform.startswith("linux"):
         return
-    if _libc is None:
-        import ctypes
-
-        _libc = ctypes.CDLL(None, use_errno=True)
-        _libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
     start = (t.data_ptr() + _PAGE - 1) // _PAGE * _PAGE
     end = (t.data_ptr() + t.nbytes) // _PAGE * _PAGE
     if end > start:
-        _libc.madvise(start, end - start, _MADV_POPULATE_WRITE)  # an old kernel's EINVAL: the read faults them
+        _madvise()(start, end - start, _MADV_POPULATE_WRITE)  # an old kernel's EINVAL: the read faults them
 
 
 def parallel(fn, jobs, weight) -> None:

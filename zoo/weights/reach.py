@@ -15,9 +15,12 @@ import urllib.error
 import urllib.request
 from urllib.parse import urlsplit
 
+from zoo.caching import register, trim
+
 TIMEOUT = 3.0  # seconds, for the connection and for the first answer
 REMEMBER = 60.0  # seconds a probe's result holds (a long-running process notices the network coming back)
 _known: dict[str, tuple[float, str | None]] = {}
+register("reachable servers", _known, 1024)
 _lock = threading.Lock()  # one probe at a time: threads downloading shards wait for it
 
 
@@ -30,6 +33,7 @@ def unreachable(url: str) -> str | None:
         at, why = _known.get(origin, (None, None))
         if at is None or time.monotonic() - at > REMEMBER:
             why = _probe(url)
+            trim(_known, 1024)
             _known[origin] = time.monotonic(), why
     return why
 

@@ -13,9 +13,11 @@ import json
 import os
 from pathlib import Path
 
+from zoo.caching import register, trim
 from zoo.constants import cache_dir
 
 _known: set[tuple] = set()  # this process's checks
+register("verified files", _known, 10_000)
 
 
 def _state(path) -> tuple:
@@ -38,6 +40,7 @@ def known(path, expected: str) -> bool:
     except (OSError, ValueError):
         return False
     if saved == {"state": list(state), "hash": expected}:
+        trim(_known, 10_000)
         _known.add((state, expected))
         return True
     return False
@@ -58,6 +61,7 @@ def recall(path) -> str | None:
 def remember(path, expected: str) -> None:
     """Note that the file matched `expected`; where the cache cannot be written, only for this process."""
     state = _state(path)
+    trim(_known, 10_000)
     _known.add((state, expected))
     record = _record(state[0])
     try:
