@@ -118,11 +118,22 @@ def test_a_search_bench_resumes_after_a_stop_and_skips_what_it_measured(registry
     assert proc.stdout.count("skipped (measured before)") == 3, proc.stdout
 
 
+def test_a_dtype_is_one_kind_of_run_whatever_its_spelling(registry):
+    """zoo.dtypes' names: "half" and "float16" are one dtype, recorded as fp16, so a search bench skips it."""
+    z = zoo.connect(registry)
+    first = zoo.bench("timm/resnet18", registry=z, dtype="half", **FEW)
+    assert (first["dtype"], first["skipped"]) == ("fp16", False)
+    from zoo.benchmark import run_search
+
+    [again] = run_search(z, "name=timm/resnet18", dtype="torch.float16", **FEW)
+    assert again["skipped"], again
+
+
 def test_bad_input_is_a_typed_error_and_records_nothing(registry, indexed):
     z = zoo.connect(registry)
     with pytest.raises(zoo.ModelNotFound, match="resnet18"):
         zoo.bench("timm/resnet81", registry=z, **FEW)
-    for options, message in ((dict(dtype="int8"), "--dtype"), (dict(batch=0), "batch"), (dict(device="tpu"), "--device"),
+    for options, message in ((dict(dtype="int8"), "dtype must be a floating"), (dict(batch=0), "batch"), (dict(device="tpu"), "--device"),
                              (dict(steps=0), "steps")):
         with pytest.raises(zoo.InvalidArgument, match=message):
             zoo.bench("timm/resnet18", registry=z, **{**FEW, **options})

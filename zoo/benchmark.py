@@ -19,9 +19,9 @@ import socket
 import time
 from importlib import metadata
 
+from zoo.dtypes import float_dtype, short_name
 from zoo.errors import InvalidArgument, ZooError
 
-DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 DEVICES = ("cpu", "cuda")
 
 
@@ -30,8 +30,7 @@ def check_options(device: str = "cpu", batch: int = 1, dtype: str = "fp32", step
     """Refuse bad options (InvalidArgument) before anything is built; a CUDA run needs a usable GPU."""
     if device not in DEVICES:
         raise InvalidArgument(f"--device is one of {', '.join(DEVICES)}, not {device!r}")
-    if dtype not in DTYPES:
-        raise InvalidArgument(f"--dtype is one of {', '.join(DTYPES)}, not {dtype!r}")
+    short_name(dtype)  # InvalidArgument unless a floating dtype (zoo.dtypes)
     for what, value, least in (("batch", batch, 1), ("steps", steps, 1), ("warmup", warmup, 0)):
         if not isinstance(value, int) or isinstance(value, bool) or not least <= value <= 1_000_000:
             raise InvalidArgument(f"{what} is a whole number from {least} to 1000000, not {value!r}")
@@ -143,7 +142,7 @@ def measure(module, spec: dict, device: str = "cpu", batch: int = 1, dtype: str 
     if cuda:
         torch.cuda.reset_peak_memory_stats()
     base = _rss("VmRSS") if not cuda and _reset_peak_rss() else None
-    tdtype = getattr(torch, DTYPES[dtype])
+    tdtype = float_dtype(dtype)
     module.materialize(device=device)
     module.to(dtype=tdtype, memory_format=torch.channels_last if channels_last else torch.preserve_format)
     module.train(train)
@@ -186,6 +185,7 @@ def run(zoo, name: str, device: str = "cpu", batch: int = 1, dtype: str = "fp32"
     import torch
 
     check_options(device, batch, dtype, steps, warmup)
+    dtype = short_name(dtype)  # "half", "float16" and "fp16" are one kind of run
     target = zoo._writable if record else zoo.url  # refused before a minute of measuring, not after
     from zoo.analysis.inputs import spec_of_inputs
     from zoo.registry import db, measurements

@@ -18,7 +18,7 @@ def add_parser(sub, common, name_help: str) -> None:
     s.add_argument("target", metavar="NAME_OR_SEARCH", help=f"{name_help}; or a search")
     s.add_argument("--device", default="cpu", help="cpu or cuda")
     s.add_argument("--batch", type=int, default=1, help="samples per step")
-    s.add_argument("--dtype", default="fp32", help="fp32, bf16 or fp16: the model's and the inputs' dtype")
+    s.add_argument("--dtype", default="fp32", help="fp32, bf16, fp16 (or any name zoo.dtypes takes: half, bfloat16, ...): the model's and the inputs' dtype")
     s.add_argument("--compile", action="store_true", help="torch.compile the model first")
     s.add_argument("--channels-last", action="store_true", help="channels_last memory format (4-d tensors)")
     s.add_argument("--train", action="store_true", help="time training steps: forward, loss, backward, SGD step")

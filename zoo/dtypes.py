@@ -23,3 +23,9 @@ def float_dtype(dtype):
         raise InvalidArgument(f"dtype must be a floating torch dtype or its name (bfloat16/bf16, float16/fp16/half, "
                               f"float32/fp32, float64/fp64), not {dtype!r:.80}")
     return found
+
+
+def short_name(dtype) -> str:
+    """fp32, bf16, fp16 or fp64: how a run records a floating dtype given as any name float_dtype takes."""
+    return {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16", "float64": "fp64"}[
+        str(float_dtype(dtype)).removeprefix("torch.")]
