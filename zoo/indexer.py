@@ -140,7 +140,10 @@ def index_family(url: str, family_name: str, patterns=(), jobs: int = 1, force: 
     else:
         groups = [[(f"{family_name}/{b}", Recipe(family_name, b), None)] for b in fam.available(patterns)]
     db.open_registry(url, write=True, create=True)  # create or check the schema before any work
-    return _index_groups(url, [family_name], groups, jobs, force, progress)
+    outcome = _index_groups(url, [family_name], groups, jobs, force, progress)
+    if family_name == "timm" and not pretrained:  # timm's published throughput of its architectures, as installed's
+        record_measured(url, fam.read_measured(default_results()), patterns)
+    return outcome
 
 
 INSTALLED = ("timm", "torchvision")  # the families `zoo index installed` covers: the vision zoo on this machine

@@ -74,7 +74,7 @@ def input_spec_of(module: nn.Module) -> dict | None:
     recipe = getattr(module, "_zoo_recipe", None)
     if recipe is None:
         return None
-    return described(recipe, module, module.__dict__.get("_zoo_tag"), module.__dict__.get("_zoo_inputs"))["input"]
+    return described(recipe, module, module.__dict__.get("_zoo_tag"), module.__dict__.get("_zoo_inputs")).get("input")
 
 
 def inputs_of(spec: dict) -> list[dict]:
