@@ -27,15 +27,17 @@ from zoo.registry.sql import compile_search, sort_clause
 
 REPO = Path(__file__).resolve().parents[1]
 STRING_FIELDS = ["name", "short", "family", "builder", "arch", "task", "status", "dtype", "scan_status", "kind",
-                 "arch_name", "tag", "license", "dataset", "gated"]
+                 "arch_name", "tag", "license", "dataset", "gated", "pretrain"]
+THROUGHPUT = ["infer_4090_amp", "infer_5090_amp", "infer_pro6000_amp", "infer_i7_12700h_fp32", "train_3090_amp"]
+BATCH_FIELDS = [f"{f}_batch" for f in THROUGHPUT]  # 32-bit columns
 NUMBER_FIELDS = ["params", "trainable", "buffers", "tensors", "bytes", "param_bytes", "buffer_bytes",
                  "flops", "macs", "train_activation_bytes", "peak_activation_bytes", "num_classes", "weights_bytes",
                  "active_params", "kv_bytes_per_token", "flops_per_token", "context_length", "sliding_window",
                  "layers", "hidden_size", "heads", "kv_heads", "vocab_size", "experts", "experts_per_token",
-                 "downloads", "likes", "hub_params"]
+                 "downloads", "likes", "hub_params", "test_flops", *BATCH_FIELDS]
 FLOAT_FIELDS = ["top1", "top5", "real_top1", "real_top5", "v2_top1", "v2_top5", "sketch_top1", "sketch_top5",
                 "a_top1", "a_top5", "r_top1", "r_top5", "box_map", "mask_map", "keypoint_map", "miou", "pixel_acc",
-                "k400_top1", "k400_top5"]
+                "k400_top1", "k400_top5", "test_top1", "test_top5", *THROUGHPUT]
 KEYWORDS = ("and", "or", "not")
 BARE = re.compile(r"[A-Za-z0-9_.\-/*?:+@]+")  # the grammar's bare-word characters, restated
 
@@ -75,13 +77,14 @@ def _make_rows(n: int = 300) -> list[dict]:
             "scan_status": rng.choice([None, "ok", "error", "no-input"]) if ok else None,
             "kind": rng.choice(["architecture", "variant"]),
             "arch_name": rng.choice([f"{family}/{short}", "timm/resnet50", "ViT-Large"]),
-            **{f: rng.choice([None, rng.choice(WORDS)]) for f in ("tag", "license", "dataset")},
+            **{f: rng.choice([None, rng.choice(WORDS)]) for f in ("tag", "license", "dataset", "pretrain")},
             "gated": rng.choice([None, "false", "auto", "manual"]),
             **{f: rng.choice([None, 0.0, 50.0, 85.0, 85.25, 99.999, round(rng.uniform(0, 100), 3)])
                for f in FLOAT_FIELDS},
         })
-        if rows[-1]["tensors"] is not None:  # a 32-bit column (zoo.columns), as PostgreSQL enforces
-            rows[-1]["tensors"] %= 2**31
+        for f in ("tensors", *BATCH_FIELDS):
+            if rows[-1][f] is not None:  # a 32-bit column (zoo.columns), as PostgreSQL enforces
+                rows[-1][f] %= 2**31
     return rows
 
 
