@@ -152,3 +152,13 @@ def test_scan_estimate_and_the_index_run_a_variant_at_its_weights_size(builder, 
     side = (crop + 2 * first.padding[0] - first.dilation[0] * (first.kernel_size[0] - 1) - 1) // first.stride[0] + 1
     scanned = next(m for m in z.scan(name).modules if m.type == "Conv2d")
     assert scanned.outputs[0][1][-2:] == [side, side]
+
+
+def test_show_says_the_size_each_published_number_is_at():
+    at = {int(r["img_size"]): r["top1"] for r in _csv("results-imagenet.csv")
+          if r["model"] == "convnextv2_large.fcmae_ft_in22k_in1k"}
+    speed = next(r for r in _csv(BENCHMARKS["infer_i7_12700h_fp32"][0])
+                 if (r["model"], r["infer_img_size"]) == ("convnextv2_large", "224"))["infer_samples_per_sec"]
+    out = run_cli("show", "timm/convnextv2_large.fcmae_ft_in22k_in1k", registry=str(SHIPPED)).stdout
+    assert f"{float(at[224])}% at 224x224" in out and f"{float(at[288])}% at 288x288 (test size" in out
+    assert f"{float(speed):.3g} samples/s at 224x224, batch 1" in out

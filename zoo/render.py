@@ -181,12 +181,16 @@ def published_rows(info) -> list[tuple[str, str]]:
     if info.test_top1 is not None:
         cost = f", {si(info.test_flops, 'FLOPs')}" if info.test_flops is not None else ""
         rows.append(("test_top1", f"{info.test_top1}% at {px(info.test_input_size)} (test size{cost})"))
-    rows += [(column, f"{getattr(info, column):,.0f} samples/s at {px(info.input_size)}, batch "
+    rows += [(column, f"{_speed(getattr(info, column))} samples/s at {px(info.input_size)}, batch "
                       f"{getattr(info, column + '_batch')} (timm's published benchmark)")
              for column in THROUGHPUT if getattr(info, column) is not None]
     if info.pretrain:
         rows.append(("pretrain", info.pretrain))
     return rows
+
+
+def _speed(n: float) -> str:
+    return f"{n:,.0f}" if n >= 100 else f"{n:.3g}"  # a CPU's 3.8 samples/s keeps its digits
 
 
 def variant_table(arch: str, variants, tags) -> list[list[str]]:
