@@ -1,4 +1,4 @@
-"""What bad input gets, registry and CLI side (issue 10, points 9-18): a typed error that says what to do,
+"""What bad input gets, registry and CLI side: a typed error that says what to do,
 exit 1 or 2 from the CLI and never a traceback, nothing written, nothing lost. Weight files and
 materialize have their own catalogue (tests/test_bad_input_weights.py)."""
 

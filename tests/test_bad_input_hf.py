@@ -1,4 +1,4 @@
-"""Hostile config.json files and hub caches (issue 28, items 3-6): forced-meta builds that never allocate for
+"""Hostile config.json files and hub caches: forced-meta builds that never allocate for
 real, bounded configs, one bad input that fails alone while the run goes on, and hub-cache symlinks that lead
 out of the cache refused. Memory is bounded with RLIMIT_AS in a child process, never measured by timing."""
 

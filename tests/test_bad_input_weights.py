@@ -1,4 +1,4 @@
-"""What bad weight files and bad materialize arguments get (issue 10, points 1-8, and a fuzz test).
+"""What bad weight files and bad materialize arguments get (and a fuzz test).
 
 Each test is named after the point it covers. Every bad input gets a zoo error (CheckpointError,
 WeightsMismatch, MaterializeError, InvalidArgument: each also a ValueError or RuntimeError) with a

@@ -1,4 +1,4 @@
-"""Hostile input at the edges (issue 28, items 9 and 11): names that carry terminal escapes are refused on
+"""Hostile input at the edges: names that carry terminal escapes are refused on
 write and printed escaped, and arguments of the wrong type or size at the Python API get zoo's typed errors,
 never a TypeError from difflib, pathlib or torch."""
 

@@ -1,5 +1,4 @@
-"""`zoo catalog` replaces an earlier export whole or not at all, under file names every file system takes
-(issue 28, item 7)."""
+"""`zoo catalog` replaces an earlier export whole or not at all, under file names every file system takes."""
 
 import json
 import os

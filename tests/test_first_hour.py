@@ -1,4 +1,4 @@
-"""A newcomer's first hour (issue 28, items 13 and 15-19): what the README says works as written, an
+"""A newcomer's first hour: what the README says works as written, an
 unreachable hub is told once and quickly, estimate's notes and errors speak of the model and the flags the
 user gave, and the help says what each argument is."""
 

@@ -1,4 +1,4 @@
-"""Language models (issue 12): LLM fields against the formula from each catalog config and the published
+"""Language models: LLM fields against the formula from each catalog config and the published
 mixture-of-experts figures; an input spec and analysis for every catalog row; scan with token ids and with
 text (tokenizer from a laid-out HF cache); estimate's KV cache against a real cached forward, the weights
 term against each quantization formula, activation checkpointing; a user builder with an input spec."""

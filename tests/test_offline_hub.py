@@ -1,4 +1,4 @@
-"""Issue 28 item 16: an unreachable hub is found once, quickly, and said plainly: no retry loop.
+"""An unreachable hub is found once, quickly, and said plainly: no retry loop.
 
 The hub (HF_ENDPOINT) and a torch hub URL point at 127.0.0.1, where (a) nothing listens or (b) a blackhole
 server accepts connections and never answers; the blackhole counts the connections it accepted."""

@@ -1,5 +1,5 @@
 """The tests' PostgreSQL server (tests/pg.py) ends with the process that started it, however that ends:
-SIGTERM, SIGINT, or SIGKILL, where nothing can clean up (issue 28, item 12)."""
+SIGTERM, SIGINT, or SIGKILL, where nothing can clean up."""
 
 import os
 import signal

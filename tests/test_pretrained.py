@@ -1,4 +1,4 @@
-"""Pretrained variants (issue 11): a row per timm tag and torchvision weights enum, built with the kwargs its
+"""Pretrained variants: a row per timm tag and torchvision weights enum, built with the kwargs its
 weights need, with its published metadata and metrics; search over them; the CLI. Expected values come from
 the libraries' own metadata (torchvision's Weights.meta, timm's pretrained cfgs) and timm's published CSVs,
 read here independently of zoo."""

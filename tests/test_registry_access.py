@@ -1,6 +1,6 @@
 """Where a registry may live and who may change it: a registry read from a read-only place or by a user who
-does not own it (issue 28.1), a path that is no regular file (28.8), and the shipped registry.db, which zoo
-writes only when it is named (28.14)."""
+does not own it, a path that is no regular file, and the shipped registry.db, which zoo
+writes only when it is named."""
 
 import hashlib
 import json

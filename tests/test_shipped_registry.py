@@ -64,7 +64,7 @@ def test_a_rebuild_matches_the_shipped_row(shipped, name):
 
 
 # ---------------------------------------------------------------------------------------------
-# Pretrained variants (issue 11): every timm tag and torchvision weights enum, as `make registry` records them.
+# Pretrained variants: every timm tag and torchvision weights enum, as `make registry` records them.
 
 def _variant_names(family_name: str) -> set[str]:
     if family_name == "timm":

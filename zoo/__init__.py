@@ -83,10 +83,8 @@ def _registry(registry) -> Zoo:
     return registry if isinstance(registry, Zoo) else Zoo(registry)
 
 
-fields = FIELDS
-
 __all__ = [
-    "Zoo", "connect", "get", "info", "search", "check", "scan", "estimate", "transform", "bench", "F", "FIELDS", "fields", "ModelInfo",
+    "Zoo", "connect", "get", "info", "search", "check", "scan", "estimate", "transform", "bench", "F", "FIELDS", "ModelInfo",
     "TensorInfo", "cache_clear", "caches",
     "ZooError", "ModelNotFound", "AmbiguousName", "SearchSyntaxError", "InvalidComparison", "BuildFailed",
     "NotBuildable", "InvalidRecipe", "InvalidArgument", "UntrustedBuilder", "UnknownFamily", "SchemaOutdated",

@@ -104,7 +104,7 @@ COLUMNS: tuple[Column, ...] = (
     Column("scan_status", "text", "ok, error or no-input; empty: not analysed", size=16, searchable=True,
            analysis=True),
     Column("scan_error", "text", "why the meta forward failed", analysis=True),
-    # Pretrained variants (issue 11): a row per published weights of an architecture.
+    # Pretrained variants: a row per published weights of an architecture.
     Column("kind", "text", "architecture, or variant: an architecture with published weights", size=16,
            nullable=False, indexed=True, searchable=True, default="architecture"),
     Column("arch_name", "text", "the architecture row's name (an architecture's own name)", size=255,
@@ -156,7 +156,7 @@ COLUMNS: tuple[Column, ...] = (
     Column("pixel_acc", "float", "segmentation pixel accuracy", searchable=True, unit="%"),
     Column("k400_top1", "float", "top-1 on Kinetics-400 (video clips)", searchable=True, unit="%"),
     Column("k400_top5", "float", "top-5 on Kinetics-400", searchable=True, unit="%"),
-    # Language models (issue 12): from the built module and its config.
+    # Language models: from the built module and its config.
     Column("inputs", "json", "the input spec analysis ran with: [{name, shape, dtype}, ...]", analysis=True),
     Column("active_params", "int", "parameters used per token (MoE: shared + routed top-k; dense: params)",
            indexed=True, searchable=True, unit="elements"),
@@ -176,7 +176,7 @@ COLUMNS: tuple[Column, ...] = (
     Column("vocab_size", "int", "tokenizer vocabulary", searchable=True, unit="tokens"),
     Column("experts", "int", "routed experts per MoE layer (0: dense)", searchable=True, unit="experts"),
     Column("experts_per_token", "int", "routed experts each token uses", searchable=True, unit="experts"),
-    # The hub's own metadata for hf rows (issue 12).
+    # The hub's own metadata for hf rows.
     Column("downloads", "int", "hub downloads (last 30 days) when indexed", searchable=True, unit="downloads"),
     Column("likes", "int", "hub likes when indexed", searchable=True, unit="likes"),
     Column("gated", "text", "hub gating: false, auto or manual", size=16, searchable=True),

@@ -4,7 +4,6 @@ import json
 import re
 
 SEARCH_COLUMNS = ("name", "params", "bytes", "task", "arch")
-VARIANT_COLUMNS = ("name", "top1", "params", "flops", "input_size", "license", "dataset")
 
 
 # C0 and C1 controls (ESC starts a terminal escape; 0x9b is CSI on its own), line separators, bidi overrides

@@ -75,7 +75,7 @@ def versions() -> dict:
     return {"torch": torch_version(), "timm": timm.__version__}
 
 
-# --- pretrained variants (issue 11): a row per tag of timm.list_pretrained(), "resnet50.a1_in1k" -----------------
+# --- pretrained variants: a row per tag of timm.list_pretrained(), "resnet50.a1_in1k" ----------------------------
 
 # The published validation sets (catalog/timm-results, see its README): CSV file -> the searchable prefix
 # of its top1/top5 columns (zoo.columns).

@@ -128,7 +128,7 @@ def versions() -> dict:
     return {"torch": torch_version(), "torchvision": torchvision.__version__.split("+")[0]}
 
 
-# --- pretrained variants (issue 11): a row per weights enum, "resnet50.IMAGENET1K_V2" --------------------------
+# --- pretrained variants: a row per weights enum, "resnet50.IMAGENET1K_V2" -------------------------------------
 
 # The builders that give the backbone FrozenBatchNorm2d norms when they build for weights (torchvision's
 # `is_trained`): their norms' weight and bias are buffers then, not parameters, and the checkpoint has no

@@ -26,15 +26,12 @@ MAX_RESULTS = 10_000
 MAX_TREE_MODULES = 5_000
 MAX_BATCH, MAX_SEQ_LEN = 65_536, 1 << 20  # an estimate runs on meta, but its time grows with them
 
-TABLE_COLUMNS = ("name", "family", "task", "params", "flops", "bytes")
-# Published accuracy and licenses are not recorded yet (pretrained variants are another issue): the
-# table and the plot show them as soon as ModelInfo has them, and leave them out until then.
-OPTIONAL_COLUMNS = ("top1", "license")
-PLOT_FIELDS = ("name", "family", "flops", "params", "top1")  # top1 only while the table shows it
+TABLE_COLUMNS = ("name", "family", "task", "params", "flops", "bytes", "top1", "license")
+PLOT_FIELDS = ("name", "family", "flops", "params", "top1")
 
 
 def columns() -> list[str]:
-    return [*TABLE_COLUMNS, *(c for c in OPTIONAL_COLUMNS if c in ModelInfo.__dataclass_fields__)]
+    return list(TABLE_COLUMNS)
 
 
 def summary(info: ModelInfo) -> dict:
