@@ -1,6 +1,7 @@
 """zoo as users get it: a wheel installed into a fresh virtual environment, run outside the checkout;
 and alembic as contributors run it, from the repository root with the shipped alembic.ini."""
 
+import json
 import os
 import shutil
 import subprocess
@@ -66,6 +67,10 @@ def test_a_wheel_in_a_fresh_venv_finds_its_registry_and_migrations_outside_the_c
     assert f"schema at {db.SCHEMA_REVISION}" in upgraded
     assert _run(venv / "bin" / "zoo", "--registry", new, "db", "revision", cwd=elsewhere,
                 env=env).stdout.strip() == db.SCHEMA_REVISION
+    # an installed zoo has no catalog/: indexing timm architectures works without timm's published throughput
+    indexed = _run(venv / "bin" / "zoo", "--registry", new, "index", "timm", "resnet18", "--json", "-q", cwd=elsewhere,
+                   env=env).stdout
+    assert (json.loads(indexed)["indexed"], json.loads(indexed)["failed"]) == (1, {}), indexed
 
 
 def test_alembic_runs_from_the_repository_root_with_the_shipped_ini(tmp_path):

@@ -111,15 +111,22 @@ def wanted_variants(family_name: str, patterns=(), results=None) -> dict[str, tu
             (Recipe(family_name, v["builder"], v["kwargs"]), v) for v in rows}
 
 
-def default_results() -> str:
-    """The project's copy of timm's published results (catalog/timm-results, with its provenance)."""
+def catalog_results():
+    """The project's copy of timm's published data (catalog/timm-results, with its provenance); None where zoo
+    runs without the checkout's catalog (installed from a wheel)."""
     from pathlib import Path
 
     folder = Path(__file__).resolve().parent.parent / "catalog" / "timm-results"
-    if not folder.is_dir():
-        raise InvalidArgument(f"timm's published results are not at {folder}: pass the folder that holds "
-                              f"results-imagenet.csv (zoo index timm --pretrained --results DIR)")
-    return str(folder)
+    return str(folder) if folder.is_dir() else None
+
+
+def default_results() -> str:
+    """catalog_results(), or an error saying to name the folder."""
+    folder = catalog_results()
+    if folder is None:
+        raise InvalidArgument("timm's published results (a checkout's catalog/timm-results) are not here: pass the "
+                              "folder that holds results-imagenet.csv (zoo index timm --pretrained --results DIR)")
+    return folder
 
 
 def index_family(url: str, family_name: str, patterns=(), jobs: int = 1, force: bool = False,
@@ -141,8 +148,8 @@ def index_family(url: str, family_name: str, patterns=(), jobs: int = 1, force: 
         groups = [[(f"{family_name}/{b}", Recipe(family_name, b), None)] for b in fam.available(patterns)]
     db.open_registry(url, write=True, create=True)  # create or check the schema before any work
     outcome = _index_groups(url, [family_name], groups, jobs, force, progress)
-    if family_name == "timm" and not pretrained:  # timm's published throughput of its architectures, as installed's
-        record_measured(url, fam.read_measured(default_results()), patterns)
+    if family_name == "timm" and not pretrained and catalog_results():  # timm's published throughput, as installed's
+        record_measured(url, fam.read_measured(catalog_results()), patterns)
     return outcome
 
 

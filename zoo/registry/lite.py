@@ -133,6 +133,12 @@ def read_uri(path: str) -> str:
     return uri
 
 
+def _open(url: str) -> sqlite3.Connection | None:
+    """A read connection to a plain SQLite registry file at this schema; None where this path does not apply."""
+    path = sqlite_file(url)
+    return None if path is None else _connect(path)
+
+
 def _connect(path: str) -> sqlite3.Connection | None:
     if not os.path.isfile(path):  # a FIFO would block the open forever: the SQLAlchemy path refuses it
         return None
@@ -267,8 +273,7 @@ def info(url: str, name: str, tensors: bool = False):
     error, with the close names."""
     from zoo.model_info import ModelInfo, decode_tensors
 
-    path = sqlite_file(url)
-    con = None if path is None else _connect(path)
+    con = _open(url)
     if con is None:
         return None
     try:
@@ -295,8 +300,7 @@ def measurements(url: str, name: str) -> list[dict] | None:
     where this path does not apply."""
     import json
 
-    path = sqlite_file(url)
-    con = None if path is None else _connect(path)
+    con = _open(url)
     if con is None:
         return None
     try:
@@ -316,8 +320,7 @@ def measurements(url: str, name: str) -> list[dict] | None:
 def fastest(url: str, names: list[str], device: str, mode: str) -> dict[str, float] | None:
     """zoo.registry.measurements.fastest from a plain SQLite registry file at this schema; None where this path
     does not apply."""
-    path = sqlite_file(url)
-    con = None if path is None else _connect(path)
+    con = _open(url)
     if con is None:
         return None
     out = {}
