@@ -16,8 +16,8 @@ from zoo.roofline import HARDWARE, Device, load_hardware, predict
 ROOT = Path(__file__).resolve().parent.parent
 # Two devices written out here (the published figures of catalog/hardware.csv, so a later edit of the
 # table does not move the hand-computed numbers below).
-GPU = Device("infer_4090_amp", "RTX 4090", "infer", "amp", 2, 165.2e12, 1008e9, "test")
-CPU = Device("infer_i7_12700h_fp32", "i7-12700H", "infer", "fp32", 4, 1.3504e12, 76.8e9, "test")
+GPU = Device("infer_4090_amp", "RTX 4090", "infer", "amp", 2, 1024, 165.2e12, 1008e9, "test")
+CPU = Device("infer_i7_12700h_fp32", "i7-12700H", "infer", "fp32", 4, 1, 1.3504e12, 76.8e9, "test")
 
 
 def test_a_compute_bound_row_runs_at_the_peak_flop_rate():
@@ -44,7 +44,7 @@ def test_a_bandwidth_bound_row_runs_at_the_memory_rate_and_pays_its_weights_per_
 
 
 def test_a_training_step_is_three_forwards():
-    train = Device("train_3090_amp", "RTX 3090", "train", "amp", 2, 71e12, 936e9, "test")
+    train = Device("train_3090_amp", "RTX 3090", "train", "amp", 2, 256, 71e12, 936e9, "test")
     row = {"flops": 8e9, "bytes": 100e6, "train_activation_bytes": 80e6}
     est = predict(row, train, 256)
     assert est.compute_s == pytest.approx(3 * 8e9 / 71e12)

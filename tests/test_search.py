@@ -467,6 +467,45 @@ def test_sort_clause(engine):
         assert err.value.column == column
 
 
+# The roofline of the README ("Predicted throughput"), restated from the hardware table's published figures:
+# seconds per sample = max(steps x flops / peak, (2 x steps x activations x element_bytes / 4 + steps x bytes /
+# batch) / bandwidth), steps 3 for training; samples/s is its inverse. Written out here, not zoo.roofline's.
+HARDWARE = {row["column"]: row for row in __import__("csv").DictReader(open(REPO / "catalog" / "hardware.csv"))}
+
+
+def roofline(row, column):
+    hw = HARDWARE[column]
+    if not all((row[k] or 0) > 0 for k in ("flops", "bytes", "train_activation_bytes")):
+        return None
+    steps = 3 if hw["mode"] == "train" else 1
+    compute = steps * row["flops"] / (float(hw["peak_tflops"]) * 1e12)
+    moved = 2 * steps * row["train_activation_bytes"] * int(hw["element_bytes"]) / 4 + steps * row["bytes"] / int(hw["batch"])
+    return 1 / max(compute, moved / (float(hw["bandwidth_gbs"]) * 1e9))
+
+
+@pytest.mark.parametrize("column", THROUGHPUT)
+def test_predicted_fields_search_and_sort_as_the_roofline_says(engine, column):
+    """pred_COLUMN compares and sorts by the roofline of each row (rows with flops=0 in the table: no division
+    on either backend); rows without the numbers match no comparison, so `not` takes them, and sort last."""
+    field = f"pred_{column}"
+    speeds = {r["name"]: roofline(r, column) for r in ROWS}
+    known = sorted(v for v in speeds.values() if v is not None)
+    assert len(known) > 100 and len(known) < len(ROWS)
+    for threshold in (known[len(known) // 4] * (1 + 1e-9), known[len(known) // 2] * (1 - 1e-9)):
+        above = {n for n, v in speeds.items() if v is not None and v > threshold}
+        assert names(engine, f"{field}>{threshold!r}") == above
+        assert names(engine, f"not {field}>{threshold!r}") == {r["name"] for r in ROWS} - above
+        assert names(engine, f"{field}<={threshold!r} and family=timm") == {
+            n for n, v in speeds.items() if v is not None and v <= threshold and n.startswith("timm/")}
+    with Session(engine) as session:
+        got = [i.name for i in store.search(session, "status=ok", f"-{field}", None)]
+    ok = [r["name"] for r in ROWS if r["status"] == "ok"]
+    want = sorted((n for n in ok if speeds[n] is not None), key=lambda n: (-speeds[n], n.encode()))
+    assert got[:len(want)] == want and set(got[len(want):]) == set(ok) - set(want)
+    if engine.dialect.name == "sqlite":
+        assert [i.name for i in lite.search(str(engine.url), "status=ok", f"-{field}", None)] == got
+
+
 def test_strings_sort_bytewise_on_every_backend(engine):
     """The order SQLite's BINARY collation gives (code points), whatever the server's collation (ICU en-US
     would put '_b' before 'a' and 'B', and 'Ünet' among the U's)."""

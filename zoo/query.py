@@ -23,6 +23,7 @@ from typing import NamedTuple
 from zoo.columns import SEARCH_FIELDS as FIELDS
 from zoo.errors import InvalidComparison, SearchSyntaxError
 from zoo.measured import MEASURED
+from zoo.roofline import PREDICTED
 
 MAX_LENGTH = 10_000  # characters in a search
 # Nested parentheses and `not`s. SQLite before 3.46 has a fixed parser stack (100 entries) that
@@ -43,8 +44,10 @@ _NUMBER = re.compile(
 _SUFFIXES = {"k": 10**3, "K": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "B": 10**9,  # B: billions ("7B")
              "kB": 10**3, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
              "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40}  # fmt: skip
-# What a comparison may name: the columns, and the measured fields (zoo.measured; searched, not sorted by)
-COMPARED = {**FIELDS, **dict.fromkeys(MEASURED, "number")}
+# What a sort may name: the columns, and the predicted fields (zoo.roofline: computed from a row's columns)
+SORTED = {**FIELDS, **dict.fromkeys(PREDICTED, "number")}
+# What a comparison may name: those, and the measured fields (zoo.measured; searched, not sorted by)
+COMPARED = {**SORTED, **dict.fromkeys(MEASURED, "number")}
 _FIELD_LIST = ", ".join(COMPARED)
 
 
@@ -348,8 +351,8 @@ def parse_sort(spec: str) -> tuple[str, bool]:
     text = spec.strip()
     descending = text.startswith("-")
     name = text[1:] if descending else text
-    if name.lower() not in FIELDS:
+    if name.lower() not in SORTED:
         column = len(spec) - len(spec.lstrip()) + 1 + descending
         why = " (a measured field: search by it, sort by a column)" if name.lower() in MEASURED else ""
-        raise SearchSyntaxError(f"cannot sort by {name!r}{why}: expected one of {', '.join(FIELDS)}", spec, column)
+        raise SearchSyntaxError(f"cannot sort by {name!r}{why}: expected one of {', '.join(SORTED)}", spec, column)
     return name.lower(), descending

@@ -81,10 +81,11 @@ def field_rows() -> list[list[str]]:
     """Every searchable field: name, type, unit and meaning, from its one declaration (zoo.columns)."""
     from zoo.columns import COLUMNS
 
-    from zoo.measured import MEASURED, UNIT, doc
+    from zoo import measured, roofline
 
     return [[c.name, c.search_type, c.unit or "-", c.doc] for c in COLUMNS if c.searchable] + \
-        [[f, "number", UNIT, doc(f)] for f in MEASURED]
+        [[f, "number", measured.UNIT, measured.doc(f)] for f in measured.MEASURED] + \
+        [[f, "number", roofline.UNIT, roofline.doc(f)] for f in roofline.PREDICTED]
 
 
 def search_columns(expression, sort: str | None = None) -> tuple[str, ...]:
@@ -95,14 +96,21 @@ def search_columns(expression, sort: str | None = None) -> tuple[str, ...]:
     from zoo.columns import COLUMNS
 
     words = set(re.findall(r"[a-z_0-9]+", f"{expression if isinstance(expression, str) else ''} {sort or ''}"))
+    from zoo.roofline import PREDICTED
+
     named = [c.name for c in COLUMNS if c.searchable and c.search_type == "number" and c.name in words
-             and c.name not in SEARCH_COLUMNS]
+             and c.name not in SEARCH_COLUMNS] + [f for f in PREDICTED if f in words]
     if "variant" in words and "top1" not in named:  # kind=variant: the headline metric
         named.insert(0, "top1")
     return ("name", *named, *SEARCH_COLUMNS[1:])
 
 
 def cell(info, column: str) -> str:
+    from zoo.roofline import PREDICTED, predicted
+
+    if column in PREDICTED:  # computed from the row, as the search computes it
+        value = predicted(info, column)
+        return "-" if value is None else f"{value:.0f} (predicted)"
     value = getattr(info, column)
     if column in ("params", "trainable", "active_params", "hub_params"):
         return human(value)

@@ -37,10 +37,13 @@ from pathlib import Path
 
 from zoo.errors import InvalidArgument
 
-HARDWARE = Path(__file__).resolve().parent.parent / "catalog" / "hardware.csv"
+# catalog/hardware.csv, linked into the package so that an installed zoo searches the predicted fields too
+HARDWARE = Path(__file__).resolve().parent / "hardware.csv"
 MODES = {"infer": 1, "train": 3}  # FLOPs and activation traffic of a step, in forwards
-FIELDS = ("column", "device", "mode", "precision", "element_bytes", "peak_tflops", "peak_basis",
+FIELDS = ("column", "device", "mode", "precision", "element_bytes", "batch", "peak_tflops", "peak_basis",
           "bandwidth_gbs", "bandwidth_basis", "source", "checked")  # checked: what could be confirmed
+PREFIX = "pred_"  # a predicted field is named after the measured column it predicts: pred_infer_4090_amp
+UNIT = "samples/s"
 
 
 @dataclass(frozen=True)
@@ -50,6 +53,7 @@ class Device:
     mode: str  # infer or train
     precision: str
     element_bytes: int  # bytes of an activation in this mode: 2 under AMP (fp16), 4 in fp32
+    batch: int  # the batch size its predicted field assumes: the one most of timm's measurements used
     peak_flops: float  # FLOP/s
     bandwidth: float  # bytes/s
     source: str
@@ -93,7 +97,7 @@ def load_hardware(path: str | Path = HARDWARE) -> dict[str, Device]:
             raise InvalidArgument(f"{path}: {row['column']!r}: mode {row['mode']!r} is not one of {sorted(MODES)}")
         devices[row["column"]] = Device(
             column=row["column"], device=row["device"], mode=row["mode"], precision=row["precision"],
-            element_bytes=int(_positive(row, "element_bytes", path)),
+            element_bytes=int(_positive(row, "element_bytes", path)), batch=int(_positive(row, "batch", path)),
             peak_flops=_positive(row, "peak_tflops", path) * 1e12,
             bandwidth=_positive(row, "bandwidth_gbs", path) * 1e9, source=row["source"])
     return devices
@@ -111,12 +115,13 @@ def _numbers(row) -> dict:
     return out
 
 
-def bytes_per_sample(row, device: Device, batch: int) -> float:
-    """Memory traffic of one sample in a batch of `batch` (see the module's docstring)."""
-    row, steps = _numbers(row), MODES[device.mode]
-    activations = 2 * steps * row["train_activation_bytes"] * device.element_bytes / 4
-    weights = steps * row["bytes"] / batch
-    return activations + weights
+def coefficients(device: Device, batch: int) -> tuple[float, float, float]:
+    """Seconds per sample per FLOP, per recorded activation byte and per weight byte: a row's time per sample is
+    max(c_flop * flops, c_activation * train_activation_bytes + c_weight * bytes) (see the module's docstring).
+    The search compiles predicted fields from these three numbers, so the SQL and predict() cannot differ."""
+    steps = MODES[device.mode]
+    return (steps / device.peak_flops, 2 * steps * device.element_bytes / 4 / device.bandwidth,
+            steps / batch / device.bandwidth)
 
 
 def predict(row, device: Device, batch: int) -> Estimate:
@@ -125,7 +130,29 @@ def predict(row, device: Device, batch: int) -> Estimate:
     if isinstance(batch, bool) or not (isinstance(batch, int) and batch > 0):
         raise InvalidArgument(f"batch must be a positive integer, not {batch!r}")
     row = _numbers(row)
-    compute_s = MODES[device.mode] * row["flops"] / device.peak_flops
-    moved = bytes_per_sample(row, device, batch)
-    memory_s = moved / device.bandwidth
-    return Estimate(1 / max(compute_s, memory_s), compute_s, memory_s, moved)
+    per_flop, per_activation, per_weight = coefficients(device, batch)
+    compute_s = per_flop * row["flops"]
+    memory_s = per_activation * row["train_activation_bytes"] + per_weight * row["bytes"]
+    return Estimate(1 / max(compute_s, memory_s), compute_s, memory_s, memory_s * device.bandwidth)
+
+
+# The searchable predictions, one per row of the hardware table, each at its device's batch.
+PREDICTED: dict[str, Device] = {PREFIX + column: d for column, d in load_hardware().items()}
+
+
+def predicted(row, field: str) -> float | None:
+    """A predicted field's value for a row (mapping or ModelInfo); None where the row lacks the numbers."""
+    device = PREDICTED[field]
+    try:
+        return predict(row, device, device.batch).samples_per_s
+    except InvalidArgument:
+        return None
+
+
+def doc(field: str) -> str:
+    """What `zoo search --fields` says a predicted field means."""
+    d = PREDICTED[field]
+    what = "training steps" if d.mode == "train" else "inference"
+    return (f"PREDICTED, not measured: the roofline upper bound of {what} on {d.device} ({d.precision}) at batch "
+            f"{d.batch}, from flops, bytes and train_activation_bytes (zoo.roofline); measured runs reach a fraction "
+            f"of it (README: Predicted throughput)")

@@ -19,6 +19,7 @@ from zoo.columns import BY_NAME, PUBLIC
 from zoo.measured import MEASURED
 from zoo.query import MAX_COMPARISONS, MAX_DEPTH, And, Compare, Expr, Not, Or, check, parse, parse_sort
 from zoo.registry import SCHEMA_REVISION
+from zoo.roofline import PREDICTED, coefficients
 
 _OPS = {"<": "<", "<=": "<=", ">": ">", ">=": ">=", "=": "=", "!=": "!="}
 # A search that matches at least this share of the rows finds its first `limit` rows soonest by reading them
@@ -55,6 +56,17 @@ def like_pattern(glob: str) -> str:
     return "".join(table.get(c, c) for c in glob)
 
 
+def _predicted(field: str) -> str:
+    """A predicted field's samples/s as zoo.registry.sql._predicted gives it (NULL for a row without the numbers);
+    the coefficients are the hardware table's, not the user's, and repr(float) is a SQL number."""
+    device = PREDICTED[field]
+    per_flop, per_activation, per_weight = map(repr, coefficients(device, device.batch))
+    compute = f"{per_flop} * models.flops"
+    memory = f"{per_activation} * models.train_activation_bytes + {per_weight} * models.bytes"
+    return (f"CASE WHEN models.flops > 0 AND models.train_activation_bytes > 0 AND models.bytes > 0 "
+            f"THEN 1.0 / (CASE WHEN {compute} >= {memory} THEN {compute} ELSE {memory} END) END")
+
+
 def _compile(e: Expr, negate: bool, depth: int, seen: list[int], params: list, prefilter) -> str:
     """SQL text and bound values; the same clauses, in the same order, as zoo.registry.sql._compile (a name
     glob's trigram pre-filter only where prefilter(pattern) says so: it never changes which rows match)."""
@@ -77,6 +89,10 @@ def _compile(e: Expr, negate: bool, depth: int, seen: list[int], params: list, p
         params.extend([*MEASURED[e.field], float(value)])
         cond = ("EXISTS (SELECT 1 FROM measurements WHERE measurements.model_id = models.id AND "
                 f"measurements.device = ? AND measurements.mode = ? AND measurements.samples_per_s {_OPS[e.op]} ?)")
+        return f"NOT ({cond})" if negate else cond
+    if e.field in PREDICTED:
+        params.append(float(value))
+        cond = f"coalesce({_predicted(e.field)} {_OPS[e.op]} ?, 0)"
         return f"NOT ({cond})" if negate else cond
     col = f"models.{e.field}"
     if e.op == "~":
@@ -110,7 +126,8 @@ def order_sql(order_by: str | None) -> tuple[str, str | None, bool]:
     if not order_by:
         return "models.name", "name", False
     name, descending = parse_sort(order_by)
-    return f"models.{name} {'DESC' if descending else 'ASC'} NULLS LAST, models.name", name, descending
+    key = f"({_predicted(name)})" if name in PREDICTED else f"models.{name}"
+    return f"{key} {'DESC' if descending else 'ASC'} NULLS LAST, models.name", name, descending
 
 
 def read_uri(path: str) -> str:

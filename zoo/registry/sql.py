@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import operator
 
-from sqlalchemy import BigInteger, Boolean, ColumnElement, Float, String, Text, and_, exists, literal, not_, or_
+from sqlalchemy import (
+    BigInteger, Boolean, ColumnElement, Float, String, Text, and_, case, exists, false, literal, not_, or_,
+)
 from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.sql.functions import FunctionElement
 
@@ -13,6 +15,7 @@ from zoo.measured import MEASURED
 from zoo.query import MAX_COMPARISONS, MAX_DEPTH, And, Compare, Expr, Not, Or, check, parse, parse_sort
 from zoo.registry.lite import like_pattern, trigram_pattern
 from zoo.registry.tables import Measurement, Model
+from zoo.roofline import PREDICTED, coefficients
 
 _SQL_OPS = {"<": operator.lt, "<=": operator.le, ">": operator.gt, ">=": operator.ge, "=": operator.eq, "!=": operator.ne}
 
@@ -70,6 +73,17 @@ def _name_candidates_postgresql(element, compiler, **kw):
     return f'(models.name) COLLATE "C" ILIKE {compiler.process(element.clauses.clauses[1], **kw)}'
 
 
+def _predicted(field: str):
+    """(the condition that the row has the numbers, samples/s): zoo.roofline.predict as SQL, from the same
+    coefficients (so the two cannot differ)."""
+    device = PREDICTED[field]
+    per_flop, per_activation, per_weight = (literal(c, Float()) for c in coefficients(device, device.batch))
+    compute = per_flop * Model.flops
+    memory = per_activation * Model.train_activation_bytes + per_weight * Model.bytes
+    has = and_(Model.flops > 0, Model.train_activation_bytes > 0, Model.bytes > 0)
+    return has, literal(1.0, Float()) / case((compute >= memory, compute), else_=memory)
+
+
 def _compile(e: Expr, negate: bool, depth: int, seen: list[int]) -> ColumnElement[bool]:
     # The parser bounds parsed searches; these bound hand-built ones (F) the same way. A parsed
     # search has one level more than its parentheses and `not`s: the top And/Or.
@@ -91,6 +105,11 @@ def _compile(e: Expr, negate: bool, depth: int, seen: list[int]) -> ColumnElemen
         device, mode = MEASURED[e.field]
         cond = exists().where(Measurement.model_id == Model.id, Measurement.device == device, Measurement.mode == mode,
                               _SQL_OPS[e.op](Measurement.samples_per_s, literal(value, Float())))
+        return not_(cond) if negate else cond
+    if e.field in PREDICTED:
+        # a CASE, not AND: PostgreSQL may evaluate the division of a row without FLOPs before the AND's guard
+        has, speed = _predicted(e.field)
+        cond = case((has, _SQL_OPS[e.op](speed, literal(value, Float()))), else_=false())
         return not_(cond) if negate else cond
     col = getattr(Model, e.field)
     if e.op == "~":
@@ -123,5 +142,9 @@ def compile_search(expr: str | Expr) -> ColumnElement[bool]:
 def sort_clause(spec: str):
     """ORDER BY for "params" (ascending) or "-params" (descending); rows without a value go last."""
     name, descending = parse_sort(spec)
-    col = _text(getattr(Model, name))
+    if name in PREDICTED:
+        has, speed = _predicted(name)
+        col = case((has, speed))
+    else:
+        col = _text(getattr(Model, name))
     return (col.desc() if descending else col.asc()).nulls_last()
