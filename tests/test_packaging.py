@@ -61,6 +61,10 @@ def test_a_wheel_in_a_fresh_venv_finds_its_registry_and_migrations_outside_the_c
 
     found = _run(venv / "bin" / "zoo", "search", "params<1e8 and name~'resnet18'", cwd=elsewhere, env=env).stdout
     assert "timm/resnet18" in found and "torchvision/resnet18" in found
+    # the predicted fields read the hardware table the wheel ships (the checkout's catalog/ is not there)
+    found = _run(venv / "bin" / "zoo", "search", "name~'resnet18' and pred_infer_4090_amp>1", cwd=elsewhere,
+                 env=env).stdout
+    assert "torchvision/resnet18" in found and "(predicted)" in found
 
     new = elsewhere / "new.db"
     upgraded = _run(venv / "bin" / "zoo", "db", "upgrade", "--registry", new, cwd=elsewhere, env=env).stdout

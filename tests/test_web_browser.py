@@ -78,18 +78,20 @@ def marks(driver):
     return driver.find_elements("css selector", "#scatter circle.mark")
 
 
-def assert_pareto_front(driver, points, x, y):
-    """The listed front is the Pareto front by definition: no plotted model is as cheap and better than
-    a front model, and every other model is matched or beaten by a front model at most its cost."""
+def assert_pareto_front(driver, points, x, y, better_x=-1, better_y=1):
+    """The listed front is the Pareto front by definition (better_x/better_y: 1 where more is better, -1 where
+    less is): no plotted model is at least as good on one axis and better on the other than a front model,
+    and every other model is matched or beaten on both by a front model."""
     front = [li.get_attribute("data-name") for li in driver.find_elements("css selector", "#front li")]
     plotted = [p for p in points if p[x] and p[y]]
     on = [p for p in plotted if p["name"] in front]
-    assert front and len(on) == len(front) and sorted(front, key=lambda n: [p[x] for p in on if p["name"] == n]) == front
+    gx, gy = (lambda p: p[x] * better_x), (lambda p: p[y] * better_y)  # bigger is better on both
+    assert front and len(on) == len(front) and sorted(front, key=lambda n: [-gx(p) for p in on if p["name"] == n]) == front
     for p in on:
-        assert not any(q[x] <= p[x] and q[y] > p[y] for q in plotted), p["name"]
+        assert not any(gx(q) >= gx(p) and gy(q) > gy(p) for q in plotted), p["name"]
     for p in plotted:
         if p["name"] not in front:
-            assert any(q[x] <= p[x] and q[y] >= p[y] for q in on), p["name"]
+            assert any(gx(q) >= gx(p) and gy(q) >= gy(p) for q in on), p["name"]
     drawn = driver.find_element("css selector", "#scatter polyline.front").get_attribute("points").split()
     assert len(drawn) == len(front)
 
@@ -106,7 +108,7 @@ def test_search_sort_plot_hover_and_click_through(browser, site, small_registry)
     assert 0 < len(plotted) < len(everything)  # a row without FLOPs (detection) is counted, not drawn
     assert browser.find_element("id", "plot-note").text.startswith(f"{len(everything) - len(plotted)} not plotted")
     points = [{"name": i.name, "flops": i.flops, "params": i.params} for i in plotted]
-    assert_pareto_front(browser, points, "flops", "params")
+    assert_pareto_front(browser, points, "flops", "params", -1, -1)  # fewer FLOPs and fewer params are better
     assert len(browser.find_elements("css selector", "#front li")) < len(plotted)
 
     search_box(browser, "params<2e7 and flops>1G")
@@ -139,9 +141,9 @@ def test_search_sort_plot_hover_and_click_through(browser, site, small_registry)
     assert f" at {size[-2]}x{size[-1]}" in tooltip.text  # the size the point's numbers are at
     shot(browser, "02-plot-hover.png")
 
-    Select(browser.find_element("id", "plot-x")).select_by_value("params")  # x = params, y = GFLOPs
+    navigate(browser, lambda: Select(browser.find_element("id", "plot-x")).select_by_value("params"))  # y: GFLOPs
     assert "x=params" in browser.current_url and len(marks(browser)) == len(expected)
-    assert_pareto_front(browser, points, "params", "flops")
+    assert_pareto_front(browser, points, "params", "flops", -1, -1)
     assert browser.find_element("css selector", "#scatter .axis-label").text == "parameters"
 
     name = marks(browser)[-1].get_attribute("data-name")
@@ -290,3 +292,50 @@ def test_with_published_accuracy_the_plot_is_top1_against_cost(browser, small_re
         front = [li.get_attribute("data-name") for li in browser.find_elements("css selector", "#front li")]
         assert front == ["torchvision/mobilenet_v3_small", "timm/efficientnet_b0", "timm/swin_tiny_patch4_window7_224"]
         shot(browser, "08-static-top1-plot.png")
+
+
+def _plot_marks(driver) -> dict[str, bool]:
+    """{model: drawn as a prediction} of the plot's marks."""
+    return {m.get_attribute("data-name"): "predicted" in m.get_attribute("class").split() for m in marks(driver)}
+
+
+def test_the_plot_takes_any_two_fields_and_marks_predictions(browser, site, small_registry, tmp_path):
+    """x = the RTX 4090's measured throughput (timm's published numbers for the small registry's timm
+    architectures), y = params: models timm did not measure (torchvision's) are drawn at their roofline
+    prediction, as rings, named predictions in the tooltip, the legend and the front; without predictions only
+    the measured ones are drawn; the static catalog draws the same."""
+    from selenium.webdriver.common.action_chains import ActionChains
+
+    from zoo.roofline import predicted
+
+    everything = Zoo(small_registry).search(None, limit=None)
+    measured = {i.name: i.infer_4090_amp for i in everything if i.infer_4090_amp and i.params}
+    guessed = {i.name: predicted(i, "pred_infer_4090_amp") for i in everything
+               if not i.infer_4090_amp and i.params and predicted(i, "pred_infer_4090_amp")}
+    assert len(measured) >= 3 and len(guessed) >= 2  # both kinds are on the plot
+    url = "/?x=infer_4090_amp&y=params"
+    browser.get(site + url)
+    ready(browser)
+    assert _plot_marks(browser) == {**dict.fromkeys(measured, False), **dict.fromkeys(guessed, True)}
+    labels = [t.text for t in browser.find_elements("css selector", "#scatter .axis-label")]
+    assert labels == ["infer_4090_amp (samples/s, measured)", "parameters"]
+    assert "predicted" in browser.find_element("id", "predicted-key").text
+    points = [{"name": n, "x": v, "params": next(i.params for i in everything if i.name == n)}
+              for n, v in {**measured, **guessed}.items()]
+    assert_pareto_front(browser, points, "x", "params", 1, -1)  # faster and smaller are better
+    for li in browser.find_elements("css selector", "#front li"):
+        assert ("(predicted)" in li.text) == (li.get_attribute("data-name") in guessed), li.text
+    ring = next(m for m in marks(browser) if m.get_attribute("data-name") in guessed)
+    ActionChains(browser).move_to_element(ring).perform()
+    wait(browser, lambda d: d.find_element("id", "tooltip").is_displayed(), "no tooltip on hover")
+    assert "samples/s infer_4090_amp (predicted)" in browser.find_element("id", "tooltip").text
+    shot(browser, "09-plot-predicted.png")
+
+    navigate(browser, lambda: browser.find_element("id", "plot-predicted").click())
+    assert "predicted=0" in browser.current_url and _plot_marks(browser) == dict.fromkeys(measured, False)
+
+    export_catalog(tmp_path / "site", small_registry)
+    with serving_files(tmp_path / "site") as base:
+        browser.get(base + "/index.html" + url.lstrip("/"))
+        ready(browser)
+        assert _plot_marks(browser) == {**dict.fromkeys(measured, False), **dict.fromkeys(guessed, True)}

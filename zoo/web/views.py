@@ -10,13 +10,14 @@ from collections import Counter
 
 from zoo import render
 from zoo.api import Zoo
-from zoo.columns import SEARCH_FIELDS
+from zoo.columns import SEARCH_FIELDS, THROUGHPUT
 from zoo.errors import (
     AmbiguousName, AnalysisError, BuildFailed, InvalidArgument, ModelNotFound, NotBuildable, RegistryDrift,
     RegistryError, RegistryLocked, SearchSyntaxError, ZooError,
 )
 from zoo.model_info import ModelInfo
 from zoo.query import parse_sort
+from zoo.roofline import PREDICTED, predicted
 
 # Every answer is bounded: a page of rows, a page of tensors, at most MAX_RESULTS rows behind a
 # search's facets and plot (more are reported as `more`, never sent), at most MAX_TREE_MODULES modules.
@@ -27,7 +28,35 @@ MAX_TREE_MODULES = 5_000
 MAX_BATCH, MAX_SEQ_LEN = 65_536, 1 << 20  # an estimate runs on meta, but its time grows with them
 
 TABLE_COLUMNS = ("name", "family", "task", "params", "flops", "bytes", "top1", "license")
-PLOT_FIELDS = ("name", "family", "flops", "params", "top1")
+# what every plot point carries: the plot's default axes (x GFLOPs; y top-1 where any row has it, else the
+# other size) and the size its numbers are at; the axes a URL names come on top (plot_axes)
+PLOT_FIELDS = ("name", "family", "input_size", "flops", "params", "top1")
+# the roofline's inputs: the predicted fields are computed from them, as the search computes them
+ROOFLINE_INPUTS = ("flops", "bytes", "train_activation_bytes")
+
+
+def plot_axes() -> list[dict]:
+    """The numbers the plot can put on either axis: label, log scale, better (1: more is better, -1: less),
+    predicted (every value is a prediction), fill (the predicted field that stands in where this measured
+    one is missing, drawn as a prediction). plot.js reads this, the server's and the static catalog's alike."""
+    def axis(name, label, log, better, prediction=False, fill=None):
+        return {"name": name, "label": label, "log": log, "better": better, "predicted": prediction, "fill": fill}
+
+    axes = [axis("top1", "top-1 (%)", False, 1), axis("top5", "top-5 (%)", False, 1),
+            axis("test_top1", "top-1 at the test size (%)", False, 1),
+            axis("flops", "GFLOPs (batch 1)", True, -1), axis("test_flops", "GFLOPs at the test size", True, -1),
+            axis("params", "parameters", True, -1), axis("bytes", "bytes", True, -1)]
+    axes += [axis(c, f"{c} (samples/s, measured)", True, 1, fill=f"pred_{c}" if f"pred_{c}" in PREDICTED else None)
+             for c in THROUGHPUT]
+    axes += [axis(f, f"{f} (samples/s, predicted)", True, 1, prediction=True) for f in PREDICTED]
+    return axes
+
+
+def _plotted(params) -> list[str]:
+    """The fields the plot's points carry: the defaults, and the axes the URL names with their fills."""
+    axes = {a["name"]: a for a in plot_axes()}
+    named = [axes[n] for n in (params.get("x"), params.get("y")) if n in axes]
+    return list(dict.fromkeys([*PLOT_FIELDS, *(a["name"] for a in named), *(a["fill"] for a in named if a["fill"])]))
 
 
 def columns() -> list[str]:
@@ -40,6 +69,7 @@ def summary(info: ModelInfo) -> dict:
     row["short"] = info.name.split("/", 1)[-1]  # the grammar's bare name; ModelInfo keeps it private
     row.update({c: getattr(info, c, None) for c in columns()})
     row["input_size"] = list(info.input_size) if info.input_size else None  # the plot says a point's size
+    row.update({f: predicted(info, f) for f in PREDICTED})  # searched and plotted in the page like columns
     return row
 
 
@@ -78,19 +108,22 @@ def search(zoo: Zoo, params) -> dict:
         except SearchSyntaxError as e:
             e.param = "sort"
             raise
-    shown = columns()
-    plotted = [f for f in PLOT_FIELDS if f in shown] + ["input_size"]  # the size a point's numbers are at
-    # just the fields shown: reading whole rows (ModelInfo) for every match is most of a search's time
-    found = zoo.search(q or None, order_by=sort, limit=MAX_RESULTS + 1, fields=[*shown, "input_size"])
+    shown, plotted = columns(), _plotted(params)
+    stored = [f for f in plotted if f not in PREDICTED]
+    read = list(dict.fromkeys([*shown, *stored, *(ROOFLINE_INPUTS if len(stored) < len(plotted) else ())]))
+    # just the fields shown and plotted: reading whole rows (ModelInfo) for every match is most of a search's time
+    found = zoo.search(q or None, order_by=sort, limit=MAX_RESULTS + 1, fields=read)
     more = len(found) > MAX_RESULTS
     found = found[:MAX_RESULTS]
+    for row in found:
+        row.update({f: predicted(row, f) for f in plotted if f in PREDICTED})
     start = (page - 1) * per_page
     return {
         "q": q, "sort": sort, "page": page, "per_page": per_page, "total": len(found), "more": more,
         "pages": max(1, math.ceil(len(found) / per_page)), "columns": shown,
         "rows": [{c: r[c] for c in shown} for r in found[start:start + per_page]],
         "facets": {f: Counter(r[f] for r in found if r[f]).most_common() for f in ("family", "task")},
-        "points": [{f: r[f] for f in plotted} for r in found],
+        "points": [{f: r[f] for f in plotted} for r in found], "axes": plot_axes(),
     }
 
 
@@ -150,7 +183,8 @@ def estimate(zoo: Zoo, name: str, params) -> dict:
 
 def catalog_index(zoo: Zoo) -> dict:
     """Every model as a search row, with the grammar's fields: the static catalog searches this in the page."""
-    return {"fields": SEARCH_FIELDS, "columns": columns(), "models": [summary(i) for i in zoo.search(None, limit=None)]}
+    return {"fields": {**SEARCH_FIELDS, **dict.fromkeys(PREDICTED, "number")}, "columns": columns(),
+            "axes": plot_axes(), "models": [summary(i) for i in zoo.search(None, limit=None)]}
 
 
 def error(e: Exception) -> tuple[int, dict]:

@@ -206,6 +206,7 @@ export function search(index, params, perPageDefault = 50) {
     q, sort, page, per_page: perPage, total: found.length, more: false,
     pages: Math.max(1, Math.ceil(found.length / perPage)), columns: index.columns,
     rows: found.slice(start, start + perPage).map((row) => pick(row, index.columns)),
-    facets, points: found.map((row) => pick(row, ["name", "family", "flops", "params", "top1", "input_size"])),
+    facets, axes: index.axes,
+    points: found.map((row) => pick(row, ["name", "family", "input_size", ...index.axes.map((a) => a.name)])),
   };
 }

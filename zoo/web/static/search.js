@@ -4,7 +4,7 @@
 // computed here by grammar.js over data/index.json. Every change is a plain link, so each view has a URL.
 import { el, errorView, gflops, getJSON, human, modelHref, pageData, searchHref } from "./format.js";
 import { search as searchLocal, SearchSyntaxError } from "./grammar.js";
-import { atSize, describe, drawPlot } from "./plot.js";
+import { atSize, chooseAxes, describe, drawPlot } from "./plot.js";
 
 const data = pageData();
 const mode = data.mode;
@@ -30,7 +30,8 @@ function narrowed(q, field, value) {
 }
 
 function link(result, overrides) {
-  return searchHref(mode, { q: result.q, sort: result.sort, x: params.get("x"), per_page: params.get("per_page"), ...overrides });
+  return searchHref(mode, { q: result.q, sort: result.sort, x: params.get("x"), y: params.get("y"),
+    predicted: params.get("predicted"), per_page: params.get("per_page"), ...overrides });
 }
 
 function renderTable(result) {
@@ -64,15 +65,19 @@ function renderFacets(result) {
 }
 
 function renderPlot(result) {
-  const x = params.get("x") === "params" ? "params" : "flops";
-  $("plot-x").value = x;
-  const drawn = drawPlot($("plot"), result.points, x, { tooltip: $("tooltip"), legend: $("legend"),
+  const axes = chooseAxes(result.axes, result.points, params);
+  for (const [id, chosen] of [["plot-x", axes.x], ["plot-y", axes.y]]) {
+    $(id).replaceChildren(...result.axes.map((a) => el("option", { value: a.name }, a.label)));
+    $(id).value = chosen.name;
+  }
+  $("plot-predicted").checked = axes.fill;
+  const drawn = drawPlot($("plot"), result.points, axes, { tooltip: $("tooltip"), legend: $("legend"),
     onOpen: (name) => { location.href = modelHref(mode, name); } });
-  const names = { flops: "GFLOPs", params: "params", top1: "top-1" };
-  $("plot-note").textContent = drawn.skipped ? `${drawn.skipped} not plotted (no ${names[x]} or ${names[drawn.y]} recorded)` : "";
-  $("front-note").textContent = drawn.front.length ? `(highest ${names[drawn.y]} for its ${names[x]})` : "";
-  $("front").replaceChildren(...drawn.front.map((p) => el("li", { "data-name": p.name },
-    el("a", { href: modelHref(mode, p.name) }, p.name), ` ${describe(x, p[x])}, ${describe(drawn.y, p[drawn.y])}${atSize(p)}`)));
+  $("plot-note").textContent = drawn.skipped ? `${drawn.skipped} not plotted (no ${axes.x.name} or ${axes.y.name} recorded)` : "";
+  $("front-note").textContent = drawn.front.length ? `(best ${axes.y.name} for its ${axes.x.name})` : "";
+  $("front").replaceChildren(...drawn.front.map((p) => el("li", { "data-name": p.name, class: p.px || p.py ? "predicted" : null },
+    el("a", { href: modelHref(mode, p.name) }, p.name),
+    ` ${describe(axes.x, p.x, p.px)}, ${describe(axes.y, p.y, p.py)}${atSize(p)}`)));
 }
 
 function showError(body) {
@@ -107,10 +112,12 @@ if (failure) {
   renderFacets(result);
   renderTable(result);
   renderPlot(result);
-  $("plot-x").addEventListener("change", () => {
-    params.set("x", $("plot-x").value);
-    history.replaceState(null, "", `${location.pathname}?${params}`);
-    renderPlot(result);
+  // a new axis may need numbers the page was not sent: each choice is a link, as every other view is
+  for (const id of ["plot-x", "plot-y"]) {
+    $(id).addEventListener("change", () => { location.href = link(result, { [id.slice(5)]: $(id).value }); });
+  }
+  $("plot-predicted").addEventListener("change", () => {
+    location.href = link(result, { predicted: $("plot-predicted").checked ? null : "0" });
   });
 }
 document.body.dataset.ready = "true"; // the tests wait for this
