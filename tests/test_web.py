@@ -102,7 +102,7 @@ def test_a_search_past_the_cap_is_counted_and_plotted_up_to_it(small_registry, m
 
 
 @pytest.mark.parametrize("params", [{"per_page": views.MAX_PER_PAGE + 1}, {"per_page": 0}, {"page": 0},
-                                    {"page": "two"}, {"per_page": "-5"}])
+                                    {"page": "two"}, {"per_page": "-5"}, {"x": "license"}, {"y": "bench_cpu"}])
 def test_paging_out_of_bounds_is_a_400(site, params):
     status, body = get_json(site, "/api/search", **params)
     assert status == 400 and body["error"] == "InvalidArgument" and next(iter(params)) in body["message"]
@@ -116,6 +116,23 @@ def test_a_number_that_is_not_plain_ascii_digits_is_a_400(site, path, key, value
     # str.isdigit() says yes to all three; int() refuses the first two (a 500 once) and reads the third
     status, body = get_json(site, path, **{key: value})
     assert status == 400 and body["error"] == "InvalidArgument" and key in body["message"], body
+
+
+def test_the_plot_points_carry_the_axes_the_url_names_and_their_predictions(site, small_registry):
+    """x=infer_4090_amp brings each point's measured number and its prediction (pred_infer_4090_amp, the
+    roofline of the row's flops, bytes and activations); y=test_top1 its own column; the defaults stay."""
+    from zoo.roofline import predicted
+
+    status, body = get_json(site, "/api/search", x="infer_4090_amp", y="test_top1")
+    assert status == 200
+    found = {i.name: i for i in Zoo(small_registry).search(None, limit=None)}
+    for p in body["points"]:
+        i = found[p["name"]]
+        assert set(p) == {"name", "family", "input_size", "flops", "params", "top1", "infer_4090_amp",
+                          "pred_infer_4090_amp", "test_top1"}
+        assert (p["infer_4090_amp"], p["test_top1"]) == (i.infer_4090_amp, i.test_top1)
+        assert p["pred_infer_4090_amp"] == predicted(i, "pred_infer_4090_amp")
+    assert {a["name"] for a in body["axes"]} >= {"top1", "flops", "infer_4090_amp", "pred_infer_4090_amp"}
 
 
 @pytest.mark.parametrize("value, page", [("0001", 1), ("0" * 5000 + "2", 2), ("002", 2)])

@@ -339,3 +339,7 @@ def test_the_plot_takes_any_two_fields_and_marks_predictions(browser, site, smal
         browser.get(base + "/index.html" + url.lstrip("/"))
         ready(browser)
         assert _plot_marks(browser) == {**dict.fromkeys(measured, False), **dict.fromkeys(guessed, True)}
+        for page in (base + "/index.html?x=license", site + "/?x=license"):  # a field the plot cannot draw
+            browser.get(page)
+            ready(browser)
+            assert "x must be one of" in browser.find_element("id", "error").text and not marks(browser)

@@ -53,9 +53,14 @@ def plot_axes() -> list[dict]:
 
 
 def _plotted(params) -> list[str]:
-    """The fields the plot's points carry: the defaults, and the axes the URL names with their fills."""
+    """The fields the plot's points carry: the defaults, and the axes the URL names (x, y) with their fills."""
     axes = {a["name"]: a for a in plot_axes()}
-    named = [axes[n] for n in (params.get("x"), params.get("y")) if n in axes]
+    named = []
+    for key in ("x", "y"):
+        text = (params.get(key) or "").strip()
+        if text and text not in axes:
+            raise InvalidArgument(f"{key} must be one of {', '.join(axes)}, not {text[:40]!r}")
+        named += [axes[text]] if text else []
     return list(dict.fromkeys([*PLOT_FIELDS, *(a["name"] for a in named), *(a["fill"] for a in named if a["fill"])]))
 
 

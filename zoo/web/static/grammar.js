@@ -191,6 +191,12 @@ export function search(index, params, perPageDefault = 50) {
   const sort = (params.get("sort") || "").trim() || null;
   const page = wholeNumber(params, "page", 1, 1e9);
   const perPage = wholeNumber(params, "per_page", perPageDefault, 200);
+  for (const key of ["x", "y"]) {
+    const text = (params.get(key) || "").trim();
+    if (text && !index.axes.some((a) => a.name === text)) {
+      throw { error: "InvalidArgument", message: `${key} must be one of ${index.axes.map((a) => a.name).join(", ")}, not '${text}'` };
+    }
+  }
   const order = sorter(sort || "name", index.fields);
   const expr = q ? parse(q, index.fields) : null;
   const found = index.models.filter((row) => !expr || matches(expr, row)).sort(order);
