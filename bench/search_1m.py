@@ -185,13 +185,13 @@ def explain_sqlite(path: Path) -> dict:
     """SQLite's plan for each query as zoo.registry.lite runs it (the probe aside)."""
     import sqlite3
 
-    from zoo.registry import lite
+    from zoo.registry.where import compile_where, order_sql
 
     con = sqlite3.connect(path)
     plans = {}
     for key, expr, order_by in QUERIES:
-        where, params = lite.compile_where(expr)
-        order, _, _ = lite.order_sql(order_by)
+        where, params = compile_where(expr)
+        order, _, _ = order_sql(order_by)
         sql = f"SELECT models.id FROM models WHERE {where} ORDER BY {order} LIMIT ?"
         plans[key] = [r[3] for r in con.execute("EXPLAIN QUERY PLAN " + sql, [*params, LIMIT])]
     con.close()

@@ -121,6 +121,18 @@ def test_every_exception_lives_in_zoo_errors_and_is_exported():
                if c is not errors.ZooError)
 
 
+def test_one_module_compiles_the_search_tree_to_sql():
+    """zoo.registry.where is the only walker of the grammar's tree (Compare, And, Or, Not) outside zoo.query:
+    the SQLAlchemy store and the sqlite3 reader both run its SQL, so they cannot drift apart."""
+    nodes = {"Compare", "And", "Or", "Not"}
+    walkers = []
+    for module, path in _modules().items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module == "zoo.query" and nodes & {a.name for a in node.names}:
+                walkers.append(module)
+    assert walkers == ["zoo.registry.where"]
+
+
 def test_only_zoo_constants_reads_zoos_environment_variables():
     """constants.py says it holds every variable zoo reads; kernel_cache.py read ZOO_KERNEL_CACHE itself."""
     readers = []

@@ -218,9 +218,15 @@ def test_search_fields_lists_every_searchable_field_with_its_unit(small_registry
     import zoo
 
     listed = json.loads(run_cli("search", "--fields", "--json", registry=small_registry).stdout)
-    # the columns, then the fields over zoo bench's measurements (zoo.measured)
-    assert [f["field"] for f in listed] == [*zoo.FIELDS, "bench_cpu", "bench_cuda", "bench_train_cpu", "bench_train_cuda"]
+    # the columns, then the fields over zoo bench's measurements (zoo.measured), then the predictions (one per
+    # row of the hardware table, named for the measured column each predicts)
+    predicted = ["pred_infer_4090_amp", "pred_infer_5090_amp", "pred_infer_pro6000_amp", "pred_infer_i7_12700h_fp32",
+                 "pred_train_3090_amp"]
+    assert [f["field"] for f in listed] == [*zoo.FIELDS, "bench_cpu", "bench_cuda", "bench_train_cpu", "bench_train_cuda",
+                                            *predicted]
     assert {f["field"]: f["unit"] for f in listed}["bench_train_cuda"] == "samples/s"
+    assert all(f["meaning"].startswith("PREDICTED, not measured") and f["unit"] == "samples/s"
+               for f in listed if f["field"] in predicted)
     by_name = {f["field"]: f for f in listed}
     assert by_name["params"]["unit"] == "elements" and by_name["flops"]["unit"] == "FLOPs"
     assert by_name["bytes"]["type"] == "number" and by_name["task"]["type"] == "string"

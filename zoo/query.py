@@ -7,7 +7,7 @@ A search is a small boolean language over the registry's metadata columns::
     bytes >= 1.5GiB
 
 `parse` turns text into an AST (`Compare`, `And`, `Or`, `Not`); `F` builds the same AST from
-Python (``(F.params < 7e9) & F.name.glob("*vit*")``); zoo.registry.sql turns either into a WHERE
+Python (``(F.params < 7e9) & F.name.glob("*vit*")``); zoo.registry.where turns either into a WHERE
 clause. Every malformed search raises `SearchSyntaxError` with the 1-based column of the offending
 token. Comparisons are two-valued: one on a missing value is false, so ``not task = x`` includes
 the models without a task.

@@ -1,8 +1,8 @@
 """Search and read a SQLite registry with the standard library's sqlite3, read-only, without importing SQLAlchemy.
 
 `zoo search` in a fresh process spent about 0.4 s importing SQLAlchemy for a query that takes a millisecond.
-This module compiles the same search to the same SQL that zoo.registry.sql gives on SQLite (the property
-tests in tests/test_search.py check both against one reference) and plans it for a million rows (see _plan:
+It runs the SQL of zoo.registry.where, the one compiler both readers use (the property tests in
+tests/test_search.py check both against one reference), and plans it for a million rows (see _plan:
 an in-order scan may leave out a name glob's trigram pre-filter, which never changes the rows). Anything
 it does not handle (a server URL, URL options, a registry at another schema revision, a file that cannot be
 opened) returns None, and the caller takes the SQLAlchemy path, which gives the proper error.
@@ -16,12 +16,10 @@ from datetime import datetime
 from urllib.parse import quote
 
 from zoo.columns import BY_NAME, PUBLIC
-from zoo.measured import MEASURED
-from zoo.query import MAX_COMPARISONS, MAX_DEPTH, And, Compare, Expr, Not, Or, check, parse, parse_sort
+from zoo.query import Expr, parse
 from zoo.registry import SCHEMA_REVISION
-from zoo.roofline import PREDICTED, coefficients
+from zoo.registry.where import compile_where, order_sql
 
-_OPS = {"<": "<", "<=": "<=", ">": ">", ">=": ">=", "=": "=", "!=": "!="}
 # A search that matches at least this share of the rows finds its first `limit` rows soonest by reading them
 # in the sort order; a sparser one by reading its matches through the filter's index and sorting them.
 _DENSE_SCAN = 5000  # rows an in-order scan may read to find `limit` matches
@@ -38,96 +36,6 @@ def sqlite_file(url: str) -> str | None:
         return None
     path = url[len("sqlite:///"):]
     return path if path and path != ":memory:" else None
-
-
-def trigram_pattern(glob: str) -> str | None:
-    """The LIKE pattern for the trigram pre-filter of a glob on name: its last run of 3 or more plain
-    characters, anywhere in the name (a superset of the glob's matches, on the full name or the short one);
-    None where the index cannot help. One run, not the whole glob: FTS5 intersects the rows of every trigram,
-    and a name's first words (its family, "model", "vit") have hundreds of thousands of rows; its last run
-    tends to be the part that tells names apart."""
-    runs = [r for r in "".join(" " if c in "*?%_" else c for c in glob).split(" ") if len(r) >= 3]
-    return f"%{runs[-1]}%" if runs else None
-
-
-def like_pattern(glob: str) -> str:
-    """A glob as a LIKE pattern with escape character backslash (both readers use it)."""
-    table = {"*": "%", "?": "_", "%": "\\%", "_": "\\_", "\\": "\\\\"}
-    return "".join(table.get(c, c) for c in glob)
-
-
-def _predicted(field: str) -> str:
-    """A predicted field's samples/s as zoo.registry.sql._predicted gives it (NULL for a row without the numbers);
-    the coefficients are the hardware table's, not the user's, and repr(float) is a SQL number."""
-    device = PREDICTED[field]
-    per_flop, per_activation, per_weight = map(repr, coefficients(device, device.batch))
-    compute = f"{per_flop} * models.flops"
-    memory = f"{per_activation} * models.train_activation_bytes + {per_weight} * models.bytes"
-    return (f"CASE WHEN models.flops > 0 AND models.train_activation_bytes > 0 AND models.bytes > 0 "
-            f"THEN 1.0 / (CASE WHEN {compute} >= {memory} THEN {compute} ELSE {memory} END) END")
-
-
-def _compile(e: Expr, negate: bool, depth: int, seen: list[int], params: list, prefilter) -> str:
-    """SQL text and bound values; the same clauses, in the same order, as zoo.registry.sql._compile (a name
-    glob's trigram pre-filter only where prefilter(pattern) says so: it never changes which rows match)."""
-    from zoo.errors import SearchSyntaxError
-
-    if depth > MAX_DEPTH + 1:
-        raise SearchSyntaxError(f"search nested too deeply: at most {MAX_DEPTH} levels")
-    if isinstance(e, Not):
-        return _compile(e.item, not negate, depth + 1, seen, params, prefilter)
-    if isinstance(e, (And, Or)):
-        join = " AND " if isinstance(e, And) != negate else " OR "
-        return "(" + join.join(_compile(i, negate, depth + 1, seen, params, prefilter) for i in e.items) + ")"
-    if not isinstance(e, Compare):
-        raise TypeError(f"not a search expression: {e!r}")
-    seen[0] += 1
-    if seen[0] > MAX_COMPARISONS:
-        raise SearchSyntaxError(f"too many comparisons: at most {MAX_COMPARISONS}")
-    value = check(e.field, e.op, e.value)
-    if e.field in MEASURED:  # as zoo.registry.sql: any of the model's measurements of that device and mode
-        params.extend([*MEASURED[e.field], float(value)])
-        cond = ("EXISTS (SELECT 1 FROM measurements WHERE measurements.model_id = models.id AND "
-                f"measurements.device = ? AND measurements.mode = ? AND measurements.samples_per_s {_OPS[e.op]} ?)")
-        return f"NOT ({cond})" if negate else cond
-    if e.field in PREDICTED:
-        params.append(float(value))
-        cond = f"coalesce({_predicted(e.field)} {_OPS[e.op]} ?, 0)"
-        return f"NOT ({cond})" if negate else cond
-    col = f"models.{e.field}"
-    if e.op == "~":
-        cond = f"lower({col}) LIKE lower(?) ESCAPE '\\'"
-        values = [like_pattern(value)]
-        if e.field == "name" and not value.startswith("*"):
-            cond = f"({cond} OR lower(models.short) LIKE lower(?) ESCAPE '\\')"
-            values.append(like_pattern(value))
-        if e.field == "name" and (pattern := trigram_pattern(value)) is not None and prefilter(pattern):
-            cond = f"(models.id IN (SELECT rowid FROM models_fts WHERE models_fts.name LIKE ?) AND {cond})"
-            values.insert(0, pattern)
-        params.extend(values)
-    else:
-        cond = f"{col} {_OPS[e.op]} ?"
-        params.append(value)
-    if BY_NAME[e.field].nullable:
-        cond = f"({col} IS NOT NULL AND {cond})"
-    return f"NOT ({cond})" if negate else cond
-
-
-def compile_where(expr: str | Expr, prefilter=lambda pattern: True) -> tuple[str, list]:
-    """A WHERE clause (text with ? placeholders) and its values; prefilter(pattern): whether a name glob
-    gets its trigram pre-filter (all do unless told)."""
-    params: list = []
-    sql = _compile(parse(expr) if isinstance(expr, str) else expr, False, 0, [0], params, prefilter)
-    return sql, params
-
-
-def order_sql(order_by: str | None) -> tuple[str, str | None, bool]:
-    """ORDER BY text (rows without a value last, then by name), the sort field, and whether descending."""
-    if not order_by:
-        return "models.name", "name", False
-    name, descending = parse_sort(order_by)
-    key = f"({_predicted(name)})" if name in PREDICTED else f"models.{name}"
-    return f"{key} {'DESC' if descending else 'ASC'} NULLS LAST, models.name", name, descending
 
 
 def read_uri(path: str) -> str:
@@ -205,7 +113,7 @@ def _plan(con, expression: Expr, where: str, params: list, order: str, field: st
                 sparse[pattern] = con.execute(sql, [pattern, few + 1]).fetchone()[0] <= few
             return sparse[pattern]
 
-        scan_where, scan_params = compile_where(expression, prefilter)
+        scan_where, scan_params = compile_where(expression, prefilter=prefilter)
         # SQLite puts NULL first: read backwards, an index gives the rows without a value last (as the search
         # orders them); read forwards, it gives those with a value, and the others come after
         nulls_left_out = field != "name" and not descending

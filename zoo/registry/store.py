@@ -180,11 +180,10 @@ def search(session: Session, expression, order_by: str | None = None, limit: int
     # the public columns, not ORM objects: building 100 mapped objects costs more than the query (a million rows)
     query = select(*(Model.__table__.c[c.name] for c in PUBLIC)) if fields is None else \
         select(*(getattr(Model, f) for f in fields))
-    where = None
+    where, dialect = None, session.get_bind().dialect.name
     if expression is not None and not (isinstance(expression, str) and not expression.strip()):
-        where = compile_search(expression)
-    by_name = bytewise(Model.name)  # the same order on every backend (see bytewise)
-    order = (sort_clause(order_by), by_name) if order_by else (by_name,)
+        where = compile_search(expression, dialect)
+    order = (sort_clause(order_by, dialect),) if order_by else (bytewise(Model.name),)  # then by name, bytewise
     if limit is not None and where is not None:
         # SQLite sorts whole rows: 40,000 matches of a range, sorted by name for the first 100, cost 250 ms at
         # a million models. Sorting just the ids, from an index that covers the range and the sort (0005,

@@ -1,6 +1,6 @@
 // zoo's search grammar in the page, for the static catalog: the whole grammar of zoo/query.py
 // (fields, < <= > >= = != ~, and/or/not, parentheses, quoted strings, 7B/350M/1.5GiB numbers),
-// evaluated over the exported rows as zoo/registry/sql.py evaluates it in SQL: a comparison on a
+// evaluated over the exported rows as zoo/registry/where.py compiles it to SQL: a comparison on a
 // missing value is false, `~` is a case-insensitive glob, and on `name` it also matches the bare name.
 // Errors carry the same 1-based column. Numbers are JS doubles: exact up to 2^53.
 
