@@ -569,6 +569,22 @@ def test_errors(text, column, message):
         compile_search(text)
 
 
+def test_the_grammar_cases_shared_with_the_static_catalog():
+    """tests/grammar_cases.json, which the browser test runs through static/grammar.js too: every search
+    parses and round-trips, every error is refused at its column."""
+    import json
+
+    cases = json.loads((Path(__file__).parent / "grammar_cases.json").read_text())
+    for text in cases["searches"]:
+        assert parse(str(parse(text))) == parse(text)
+    for spec in cases["sorts"]:
+        sort_clause(spec)
+    for text, column in cases["errors"]:
+        with pytest.raises(SearchSyntaxError) as err:
+            parse(text)
+        assert err.value.column == column, text
+
+
 def test_unknown_field_lists_fields():
     with pytest.raises(SearchSyntaxError) as err:
         parse("foo=1")
