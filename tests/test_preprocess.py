@@ -6,7 +6,18 @@ import pytest
 import torch
 from PIL import Image
 
-from zoo.preprocess import timm_preprocess, torchvision_preprocess, transform
+from types import SimpleNamespace
+
+from zoo.families import timm as timm_family, torchvision as torchvision_family
+from zoo.preprocess import transform
+
+
+def timm_preprocess(tag):  # a row of that tag with nothing recorded: timm's pretrained cfg
+    return timm_family.preprocess(SimpleNamespace(preprocess=None, builder=tag))
+
+
+def torchvision_preprocess(builder, tag):  # a variant row with nothing recorded: the weights' transforms()
+    return torchvision_family.preprocess(SimpleNamespace(preprocess=None, builder=builder, tag=tag, kind="variant"))
 
 
 def images():

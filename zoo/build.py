@@ -47,10 +47,7 @@ def _hf_constants():
 def vetted(recipe: Recipe, trusted: set[str] | None = None):
     """The recipe's family, once it has vetted the builder; nothing of the builder is imported before."""
     fam = family(recipe.family)
-    if trusted is not None and recipe.family == "user":
-        fam.check(recipe.builder, recipe.kwargs, trusted=trusted)
-    else:
-        fam.check(recipe.builder, recipe.kwargs)
+    fam.check(recipe.builder, recipe.kwargs, trusted=trusted)
     return fam
 
 

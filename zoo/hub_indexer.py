@@ -5,8 +5,8 @@ import hashlib
 import json
 
 from zoo.columns import BY_NAME, check_name
-from zoo.errors import InvalidArgument, ModelExists, UntrustedBuilder
-from zoo.indexer import Outcome, save
+from zoo.errors import InvalidArgument, UntrustedBuilder
+from zoo.indexer import Outcome, save_counted
 from zoo.record import RECORD_VERSION, record_of
 from zoo.registry import db
 
@@ -104,12 +104,7 @@ def index_hub(url: str, repos, origin: str = "hub listing", force: bool = False,
                     fields["card"]["failure"] = "build"
                 fields["task"] = repo.pipeline_tag or record.get("task")
             record = {**record, **fields, "card": BY_NAME["card"].encode(fields["card"])}
-            try:  # a failed row of this family may be replaced by its build, and back
-                save(url, record, table, replace=force or ours)
-            except ModelExists as e:
-                record = {**record, "status": "error", "error": str(e)}
-            (outcome.indexed.append(name) if record["status"] == "ok"
-             else outcome.failed.__setitem__(name, record["error"]))
+            save_counted(url, record, table, force or ours, outcome)  # a failed row of ours may become a build
         if progress:
             progress(name, done, len(repos))
     return outcome

@@ -50,6 +50,20 @@ def save(url: str, record: dict, table, replace: bool = False) -> None:
             store.add_weights(s, record["name"], CONSTRUCTOR_TAG + (f"-{i + 1}" if i else ""), path, sha256, nbytes)
 
 
+def save_counted(url: str, record: dict, table, replace: bool, outcome: Outcome, refused=(ModelExists,)) -> dict:
+    """save, and the record counted in `outcome`: indexed if it is ok, failed with its reason if not. A refusal
+    of the name (ModelExists: another model holds it) is that record's failure, not the run's."""
+    try:
+        save(url, record, table, replace=replace)
+    except refused as e:
+        record = {**record, "status": "error", "error": str(e)}
+    if record["status"] == "ok":
+        outcome.indexed.append(record["name"])
+    else:
+        outcome.failed[record["name"]] = record["error"]
+    return record
+
+
 def workers_for(jobs: int) -> int:
     """Worker processes for -j: at least 1 is asked for, at most the CPU count is used."""
     if not isinstance(jobs, int) or isinstance(jobs, bool) or jobs < 1:
@@ -96,37 +110,11 @@ def _build_group_in_worker(group: list) -> list:
 
 
 def wanted_variants(family_name: str, patterns=(), results=None) -> dict[str, tuple[Recipe, dict]]:
-    """name -> (recipe, published columns) of every pretrained variant of a family matching the patterns;
-    timm's published results are read from the folder `results` (default: the project's catalog)."""
+    """name -> (recipe, published columns) of every pretrained variant of a family matching the patterns; the
+    family's published results are read from the folder `results` (default: the family's own, if it has any)."""
     fam = family(family_name)
-    if not hasattr(fam, "variants"):
-        raise InvalidArgument(f"{family_name} has no pretrained variants to index (timm and torchvision have)")
-    if family_name == "timm":
-        rows = fam.variants(patterns, fam.read_results(results or default_results()))
-    else:
-        if results is not None:
-            raise InvalidArgument("results (published validation results) apply to timm")
-        rows = fam.variants(patterns)
-    return {f"{family_name}/{v['builder'] if family_name == 'timm' else v['builder'] + '.' + v['tag']}":
-            (Recipe(family_name, v["builder"], v["kwargs"]), v) for v in rows}
-
-
-def catalog_results():
-    """The project's copy of timm's published data (catalog/timm-results, with its provenance); None where zoo
-    runs without the checkout's catalog (installed from a wheel)."""
-    from pathlib import Path
-
-    folder = Path(__file__).resolve().parent.parent / "catalog" / "timm-results"
-    return str(folder) if folder.is_dir() else None
-
-
-def default_results() -> str:
-    """catalog_results(), or an error saying to name the folder."""
-    folder = catalog_results()
-    if folder is None:
-        raise InvalidArgument("timm's published results (a checkout's catalog/timm-results) are not here: pass the "
-                              "folder that holds results-imagenet.csv (zoo index timm --pretrained --results DIR)")
-    return folder
+    rows = fam.variants(patterns, fam.read_results(results))
+    return {f"{family_name}/{fam.variant_name(v)}": (Recipe(family_name, v["builder"], v["kwargs"]), v) for v in rows}
 
 
 def index_family(url: str, family_name: str, patterns=(), jobs: int = 1, force: bool = False,
@@ -148,8 +136,8 @@ def index_family(url: str, family_name: str, patterns=(), jobs: int = 1, force: 
         groups = [[(f"{family_name}/{b}", Recipe(family_name, b), None)] for b in fam.available(patterns)]
     db.open_registry(url, write=True, create=True)  # create or check the schema before any work
     outcome = _index_groups(url, [family_name], groups, jobs, force, progress)
-    if family_name == "timm" and not pretrained and catalog_results():  # timm's published throughput, as installed's
-        record_measured(url, fam.read_measured(catalog_results()), patterns)
+    if not pretrained and fam.results_folder():  # the published columns of architecture rows, as installed's
+        record_architecture_columns(url, family_name, fam.read_results(None), patterns)
     return outcome
 
 
@@ -163,7 +151,8 @@ def index_installed(url: str, patterns=(), jobs: int = 1, force: bool = False, p
     the same worker (so the variants that build it unchanged reuse its analysis at once). The same rows as
     index_family run per family and then with pretrained=True; one process and one pool instead of four."""
     jobs = workers_for(jobs)
-    variants = {f: wanted_variants(f, patterns, results if f == "timm" else None) for f in INSTALLED}
+    readers = [f for f in INSTALLED if family(f).PUBLISHED_RESULTS]  # `results` is their folder (timm's)
+    variants = {f: wanted_variants(f, patterns, results if f in readers else None) for f in INSTALLED}
     db.open_registry(url, write=True, create=True)
     groups = []
     for name in INSTALLED:
@@ -175,31 +164,35 @@ def index_installed(url: str, patterns=(), jobs: int = 1, force: bool = False, p
             groups.append([(arch, Recipe(name, builder), None), *by_arch.pop(arch, [])])
         groups += by_arch.values()  # variants whose architecture the patterns leave out
     outcome = _index_groups(url, INSTALLED, groups, jobs, force, progress)
-    record_measured(url, family("timm").read_measured(results or default_results()), patterns)
+    for name in readers:
+        record_architecture_columns(url, name, family(name).read_results(results), patterns)
     return outcome
 
 
-def record_measured(url: str, measured: dict, patterns=()) -> int:
-    """timm's published throughput on its architecture rows, each at the row's own input size (a variant records
-    its own with its published data): data, not a build, so it is set on the stored rows and the rows are not
-    rebuilt. Returns how many rows changed."""
+def record_architecture_columns(url: str, family_name: str, results: dict, patterns=()) -> int:
+    """A family's published columns on its architecture rows (timm's throughput), each at the row's own input size
+    (a variant records its own with its published data): data, not a build, so it is set on the stored rows and
+    the rows are not rebuilt. Returns how many rows changed."""
     import json
 
     from sqlalchemy import select, update
 
     from zoo.registry.tables import models
 
-    timm = family("timm")
+    fam = family(family_name)
+    columns = fam.architecture_columns("", None, {})
+    if not columns:
+        return 0
     changed = 0
     with db.session(url, write=True) as s:
         rows = s.execute(select(models.c.id, models.c.builder, models.c.input_size, *(
-            models.c[c] for c in timm.measured("", None, {}))).where(
-            models.c.family == "timm", models.c.kind == "architecture")).all()
-        wanted = set(timm.available(patterns))
+            models.c[c] for c in columns)).where(
+            models.c.family == family_name, models.c.kind == "architecture")).all()
+        wanted = set(fam.available(patterns))
         for row in rows:
             if row.builder not in wanted:
                 continue
-            now = timm.measured(row.builder, json.loads(row.input_size) if row.input_size else None, measured)
+            now = fam.architecture_columns(row.builder, json.loads(row.input_size) if row.input_size else None, results)
             if any(getattr(row, k) != v for k, v in now.items()):
                 s.execute(update(models).where(models.c.id == row.id).values(**now))
                 changed += 1
@@ -231,17 +224,10 @@ def _index_groups(url: str, families, groups: list, jobs: int, force: bool, prog
     def finish(record, table):
         nonlocal done
         saving = time.perf_counter()
-        try:
-            save(url, record, table, replace=force)
-        except ModelExists as e:  # a user row under this family's name: left alone, reported
-            record = {**record, "status": "error", "error": str(e)}
+        record = save_counted(url, record, table, force, outcome)  # a user row under this name: left alone, reported
         outcome.timings[record["name"]] = {**record.get("timing", {}),
                                            "save_s": round(time.perf_counter() - saving, 4)}
         done += 1
-        if record["status"] == "ok":
-            outcome.indexed.append(record["name"])
-        else:
-            outcome.failed[record["name"]] = record["error"]
         if progress:
             progress(record["name"], done, total)
 
@@ -345,14 +331,8 @@ def index_configs(url: str, sources: list[str], name: str | None = None, revisio
                 outcome.unchanged.append(model)
             else:
                 record, table = record_of(model, recipe)
-                try:
-                    save(url, record, table, replace=force)
-                except (ModelExists, InvalidArgument) as e:  # taken, or a name outside the character set
-                    record = {**record, "status": "error", "error": str(e)}
-                if record["status"] == "ok":
-                    outcome.indexed.append(model)
-                else:
-                    outcome.failed[model] = record["error"]
+                # taken, or a name outside the character set: that source's failure
+                save_counted(url, record, table, force, outcome, refused=(ModelExists, InvalidArgument))
         if progress:
             progress(model, done, len(sources))
     return outcome

@@ -15,46 +15,13 @@ import math
 from zoo.errors import InvalidArgument
 
 DEFAULT_CROP_PCT = 0.875  # timm's, when a cfg gives none
-KEYS = ("input_size", "test_input_size", "crop_pct", "test_crop_pct", "crop_mode", "interpolation", "mean", "std")
 
 
 def preprocess_of(info) -> dict:
-    """The preprocessing of a ModelInfo: its recorded dict, else the library's for its weights."""
-    recorded = info.preprocess
-    builder = info.builder
-    if info.family == "torchvision" and isinstance(recorded, dict) and "resize_size" not in recorded:
-        recorded = None  # crop_pct alone rounds: the weights' own resize size makes the transform exact
-    if isinstance(recorded, dict) and recorded.get("input_size"):
-        return dict(recorded)
-    if info.family == "timm":
-        return timm_preprocess(builder)
-    if info.family == "torchvision":
-        return torchvision_preprocess(builder, info.tag if info.kind == "variant" else None)
-    raise InvalidArgument(f"{info.name}: no recorded preprocessing, and {info.family} models publish none")
+    """The preprocessing of a ModelInfo: its recorded dict, else the library's for its weights (its family's)."""
+    from zoo.families import family
 
-
-def timm_preprocess(tag: str) -> dict:
-    from timm.models import get_pretrained_cfg
-
-    cfg = get_pretrained_cfg(tag)
-    if cfg is None:
-        raise InvalidArgument(f"timm has no pretrained cfg for {tag!r}")
-    cfg = cfg.to_dict()
-    return {k: list(v) if isinstance(v, tuple) else v for k, v in cfg.items() if k in KEYS}
-
-
-def torchvision_preprocess(builder: str, tag: str | None) -> dict:
-    """torchvision's ImageClassification transform as the same keys, plus resize_size (exact, where
-    crop_pct would be a rounded ratio)."""
-    from zoo.families.torchvision import weights_of
-
-    t = weights_of(builder, tag).transforms()
-    crop, resize = getattr(t, "crop_size", None), getattr(t, "resize_size", None)
-    if crop is None or resize is None:
-        raise InvalidArgument(f"torchvision {builder} weights transform their input as {type(t).__name__}, "
-                              f"not a resize and crop of one image")
-    return {"input_size": [3, crop[0], crop[0]], "test_input_size": None, "crop_pct": crop[0] / resize[0],
-            "crop_mode": "center", "interpolation": t.interpolation.value, "mean": list(t.mean), "std": list(t.std), "resize_size": resize[0]}
+    return family(info.family).preprocess(info)
 
 
 def transform(preprocess: dict, train: bool = False, test_size: bool = False):

@@ -21,7 +21,8 @@ import re
 from pathlib import Path
 
 from zoo.errors import CheckpointError, HubUnavailable, InvalidArgument
-from zoo.families.torchvision import weights_of, weights_tag
+from zoo.families import family
+from zoo.families.torchvision import weights_of
 from zoo.timm_loader import timm_load_arguments
 from zoo.weights.hub import offline
 from zoo.weights.placement import box_slices
@@ -35,9 +36,9 @@ def published_tag(recipe, weights):
     (a file, a recorded tag, hf://...)."""
     if isinstance(weights, str) and weights == "pretrained":
         return None
-    if recipe is None or recipe.family != "torchvision":
+    if recipe is None:
         return False
-    return weights_tag(recipe.builder, weights)
+    return family(recipe.family).weights_tag(recipe.builder, weights)
 
 
 def pretrained_source(recipe, tag: str | None, module) -> tuple[Source, bool]:
@@ -46,10 +47,11 @@ def pretrained_source(recipe, tag: str | None, module) -> tuple[Source, bool]:
     which gets the library's default weights (timm: create_model(name, pretrained=True); torchvision: DEFAULT)."""
     if recipe is None:
         raise InvalidArgument("weights='pretrained' needs the model's recipe: get the module with zoo.get")
-    if recipe.family == "timm":  # a variant's builder is its full tag; a bare one gets the row's tag
+    kind = family(recipe.family).PRETRAINED  # where its library publishes weights (zoo.families.base)
+    if kind == "timm-cfg":  # a variant's builder is its full tag; a bare one gets the row's tag
         builder = recipe.builder if "." in recipe.builder or not tag else f"{recipe.builder}.{tag}"
         return timm_source(builder, recipe.kwargs, module)
-    if recipe.family == "torchvision":
+    if kind == "weights-enum":
         return torchvision_source(recipe.builder, tag, module)
     raise InvalidArgument(f"weights='pretrained' is for timm and torchvision models, not {recipe.family} ones; "
                           f"give a file, a recorded tag or hf://ORG/NAME")

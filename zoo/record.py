@@ -63,7 +63,7 @@ def _build(recipe: Recipe, trusted, fam, arch: _Built | None) -> tuple[_Built, b
     from zoo.inspection import inspect_module
 
     files_read = []
-    watching = getattr(fam, "CONSTRUCTION_DECIDES", False)
+    watching = fam.CONSTRUCTION_DECIDES
     stop_at = arch.construction if arch is not None else None
     with warnings.catch_warnings():  # builders' deprecation chatter would bury the progress bar
         warnings.simplefilter("ignore")
@@ -91,7 +91,7 @@ def record_with_build(name, recipe, trusted=None, variant=None, inputs=None, kno
 
         described = row_inputs(recipe, module, variant["tag"] if variant else None, inputs)
         llm = {}
-        if recipe.family == "hf":  # language-model fields from the built module and its config
+        if fam.LANGUAGE_MODEL:  # language-model fields from the built module and its config
             from zoo.analysis.llm import llm_fields
 
             llm = llm_fields(module, module.config)

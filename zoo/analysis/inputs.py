@@ -62,7 +62,7 @@ def described(recipe, module, tag: str | None = None, inputs: list | None = None
     with it, and scan and estimate of a gotten module run with it: one answer to "what does this row take"."""
     from zoo.families import family
 
-    out = family(recipe.family).describe(recipe.builder, module, **({"tag": tag} if tag else {}))
+    out = family(recipe.family).describe(recipe.builder, module, tag)
     if out.get("input") is None and inputs:
         out = {**out, "input": spec_of_inputs(inputs)}
     return out

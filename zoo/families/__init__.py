@@ -1,18 +1,10 @@
 """Family plug-ins: each turns a recipe into a module; this table is the only place zoo imports builders from.
 
-A family module defines:
-  NAME                          its prefix in model names ("timm/resnet50")
-  available(patterns)           the builder names it can index, filtered by glob patterns
-  check(builder, kwargs)        raise UntrustedBuilder / InvalidRecipe before anything is imported
-  build(builder, kwargs)        the module (called under forced meta, with downloads blocked)
-  describe(builder, module)     {"task": ..., "input_size": [...]} for the registry row, and optionally
-                                "input": the spec of a batch-1 forward (zoo.analysis: flops, activations,
-                                scan, estimate), e.g. {"args": [[3, 224, 224]]} or, for token ids with a
-                                default length, {"kwargs": {"input_ids": {"shape": ["seq"], "dtype": "int64"}},
-                                "seq_len": 128}; without it a model's scan_status is "no-input"
-  versions()                    {"torch": ..., LIBRARY: ...}: a change means its models are rebuilt
-Adding a family is adding a module here and a line to FAMILIES. Families build and describe; recording
-is the indexer's (zoo.indexer), and nothing here imports the registry or the API.
+A family module implements zoo.families.base.Family: what it builds and how it describes it, its versions, its
+pretrained variants and published results, its preprocessing, and flags for what zoo does with its rows
+(BUILDS, LANGUAGE_MODEL, CONSTRUCTION_DECIDES, PUBLISHED_RESULTS); what it has no use for it takes from
+zoo.families.base. Adding a family is a module (tests/toy_family.py is one) and a line in FAMILIES. Families
+build and describe; recording is the indexer's (zoo.indexer), and nothing here imports the registry or the API.
 """
 
 import importlib

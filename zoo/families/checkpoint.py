@@ -5,16 +5,21 @@ from pathlib import Path
 
 from zoo.errors import CheckpointError, NotBuildable
 from zoo.inspection import TensorInfo
+from zoo.families.base import (  # noqa: F401 - the protocol's answers it takes as they are
+    CONSTRUCTION_DECIDES, LANGUAGE_MODEL, PRETRAINED, PUBLISHED_RESULTS, architecture_columns, preprocess,
+    read_results, results_folder, variant_name, variants, weights_tag,
+)
 from zoo.weights.sources import PICKLE_SUFFIXES
 
 NAME = "checkpoint"
+BUILDS = False  # a checkpoint row records a file's tensors: there is no module to get
 
 
 def available(patterns=()) -> list[str]:
     return []  # checkpoints are indexed one by one: `zoo index checkpoint FILE`
 
 
-def check(builder: str, kwargs: dict) -> None:
+def check(builder: str, kwargs: dict, trusted: set[str] | None = None) -> None:
     pass  # nothing is imported: the file is only read
 
 
@@ -22,7 +27,7 @@ def build(builder: str, kwargs: dict):
     raise NotBuildable(f"checkpoint {builder!r} records tensors only; there is no module to build")
 
 
-def describe(builder: str, module) -> dict:
+def describe(builder: str, module, tag: str | None = None) -> dict:
     return {"task": None, "input_size": None}
 
 

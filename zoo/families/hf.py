@@ -12,10 +12,15 @@ from pathlib import Path
 
 from zoo.errors import InvalidRecipe, UntrustedBuilder
 from zoo.families import torch_version
+from zoo.families.base import (  # noqa: F401 - the protocol's answers it takes as they are
+    BUILDS, CONSTRUCTION_DECIDES, PRETRAINED, PUBLISHED_RESULTS, architecture_columns, preprocess, read_results,
+    results_folder, variant_name, variants, weights_tag,
+)
 from zoo.recipe import Recipe
 from zoo.weights.hub import REPO_ID
 
 NAME = "hf"
+LANGUAGE_MODEL = True  # its rows get the language-model fields (zoo.analysis.llm): KV cache, active params, ...
 
 # The auto classes a recipe may name, in the order a config without `architectures` tries them,
 # each with its mapping in transformers.models.auto.modeling_auto and the hub's pipeline task.
@@ -40,7 +45,7 @@ def available(patterns=()) -> list[str]:
     return []  # configs are indexed one by one: `zoo index hf SOURCE...`
 
 
-def check(builder: str, kwargs: dict) -> None:
+def check(builder: str, kwargs: dict, trusted: set[str] | None = None) -> None:
     """JSON checks only, so nothing is imported for a recipe zoo refuses."""
     if builder not in HEADS:
         raise UntrustedBuilder(f"{builder!r} is not an allowed transformers auto class ({', '.join(HEADS)})")
@@ -170,7 +175,7 @@ def _pixels(config) -> list[int]:
     return [int(getattr(config, "num_channels", 3)), int(height), int(width)]
 
 
-def describe(builder: str, module) -> dict:
+def describe(builder: str, module, tag: str | None = None) -> dict:
     return {"task": HEADS[builder][1], "input_size": None, "input": input_spec(module)}
 
 

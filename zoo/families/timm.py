@@ -4,8 +4,11 @@
 from zoo.caching import register
 from zoo.errors import InvalidArgument, UntrustedBuilder
 from zoo.families import torch_version
+from zoo.families.base import BUILDS, LANGUAGE_MODEL, weights_tag  # noqa: F401 - the protocol's answers
 
 NAME = "timm"
+PUBLISHED_RESULTS = True  # catalog/timm-results: validation results, benchmarks, pretraining data
+PRETRAINED = "timm-cfg"
 
 
 def available(patterns=()) -> list[str]:
@@ -14,7 +17,7 @@ def available(patterns=()) -> list[str]:
     return timm.list_models(list(patterns) or "")
 
 
-def check(builder: str, kwargs: dict) -> None:
+def check(builder: str, kwargs: dict, trusted: set[str] | None = None) -> None:
     import timm
 
     if not timm.is_model(builder) or ("." in builder and builder not in _pretrained_tags()):
@@ -79,6 +82,31 @@ def versions() -> dict:
 
 # The published validation sets (catalog/timm-results, see its README): CSV file -> the searchable prefix
 # of its top1/top5 columns (zoo.columns).
+def results_folder() -> str | None:
+    """The project's copy of timm's published data (catalog/timm-results, with its provenance); None where zoo
+    runs without the checkout's catalog (installed from a wheel)."""
+    from pathlib import Path
+
+    folder = Path(__file__).resolve().parents[2] / "catalog" / "timm-results"
+    return str(folder) if folder.is_dir() else None
+
+
+def variant_name(variant: dict) -> str:
+    return variant["builder"]  # a timm tag names itself: "resnet50.a1_in1k"
+
+
+def preprocess(info) -> dict:
+    """The recorded preprocessing, else timm's pretrained cfg of the tag."""
+    from timm.models import get_pretrained_cfg
+
+    if isinstance(info.preprocess, dict) and info.preprocess.get("input_size"):
+        return dict(info.preprocess)
+    cfg = get_pretrained_cfg(info.builder)
+    if cfg is None:
+        raise InvalidArgument(f"timm has no pretrained cfg for {info.builder!r}")
+    return {k: list(v) if isinstance(v, tuple) else v for k, v in cfg.to_dict().items() if k in PREPROCESS_KEYS}
+
+
 RESULT_SETS = {
     "imagenet": "", "imagenet-real": "real_", "imagenetv2-matched-frequency": "v2_", "sketch": "sketch_",
     "imagenet-a": "a_", "imagenet-r": "r_",
@@ -88,7 +116,12 @@ _CARD_KEYS = ("paper_ids", "paper_name", "origin_url", "notes", "description")
 
 def read_results(folder) -> dict:
     """{set: {tag: [row, ...]}} from timm's published results-SET.csv files, numbers as published
-    (percent); a tag evaluated at several sizes has a row per size."""
+    (percent); a tag evaluated at several sizes has a row per size; and "measured" (read_measured)."""
+    if folder is None:
+        folder = results_folder()
+    if folder is None:
+        raise InvalidArgument("timm's published results (a checkout's catalog/timm-results) are not here: pass the "
+                              "folder that holds results-imagenet.csv (zoo index timm --pretrained --results DIR)")
     import csv
     from pathlib import Path
 
@@ -217,6 +250,11 @@ def read_measured(folder) -> dict:
                     tag = f"{tag}.{_model_default_cfgs[tag].tags[0]}"
                 out["pretrain"][tag] = row["pretrain"]
     return out
+
+
+def architecture_columns(builder: str, input_size, results: dict) -> dict:
+    """An architecture row's throughput columns from read_results (see measured)."""
+    return measured(builder, input_size, results.get("measured", {}))
 
 
 def measured(arch: str, input_size, data: dict) -> dict:

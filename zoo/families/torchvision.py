@@ -3,8 +3,13 @@ every weights enum ("resnet50.IMAGENET1K_V2") as a variant row, built with the k
 
 from zoo.errors import InvalidArgument, UntrustedBuilder
 from zoo.families import torch_version
+from zoo.families.base import (  # noqa: F401 - the protocol's answers it takes as they are
+    BUILDS, CONSTRUCTION_DECIDES, LANGUAGE_MODEL, PUBLISHED_RESULTS, architecture_columns, read_results,
+    results_folder, variant_name,
+)
 
 NAME = "torchvision"
+PRETRAINED = "weights-enum"
 
 # torchvision's sub-packages name the task; hub pipeline names.
 _TASKS = {
@@ -22,7 +27,7 @@ def available(patterns=()) -> list[str]:
     return list_models(include=list(patterns) or None)
 
 
-def check(builder: str, kwargs: dict) -> None:
+def check(builder: str, kwargs: dict, trusted: set[str] | None = None) -> None:
     from torchvision.models import list_models
 
     if builder not in list_models():
@@ -207,9 +212,28 @@ def freeze_backbone_norms(module) -> None:
             setattr(module.backbone.get_submodule(parent), leaf, FrozenBatchNorm2d(child.num_features, child.eps))
 
 
-def variants(patterns=()) -> list[dict]:
+def preprocess(info) -> dict:
+    """The recorded preprocessing where it has the weights' resize size (crop_pct alone rounds), else torchvision's
+    ImageClassification transform of the weights as the same keys, plus resize_size (exact)."""
+    recorded = info.preprocess
+    if isinstance(recorded, dict) and recorded.get("input_size") and "resize_size" in recorded:
+        return dict(recorded)
+    t = weights_of(info.builder, info.tag if info.kind == "variant" else None).transforms()
+    crop, resize = getattr(t, "crop_size", None), getattr(t, "resize_size", None)
+    if crop is None or resize is None:
+        raise InvalidArgument(f"torchvision {info.builder} weights transform their input as {type(t).__name__}, "
+                              f"not a resize and crop of one image")
+    return {"input_size": [3, crop[0], crop[0]], "test_input_size": None, "crop_pct": crop[0] / resize[0],
+            "crop_mode": "center", "interpolation": t.interpolation.value, "mean": list(t.mean), "std": list(t.std),
+            "resize_size": resize[0]}
+
+
+def variants(patterns=(), results: dict | None = None) -> list[dict]:
     """Every weights enum of every model, "resnet50.IMAGENET1K_V2", matching the patterns (fnmatch on that
-    name): its recipe (the model name and the kwargs the weights need) and what it records (zoo.columns)."""
+    name): its recipe (the model name and the kwargs the weights need) and what it records (zoo.columns),
+    with the metrics torchvision publishes in the enums (no results to read: `results` must be None)."""
+    if results is not None:
+        raise InvalidArgument("published validation results apply to timm's pretrained variants")
     import fnmatch
 
     from torch.hub import HASH_REGEX

@@ -7,6 +7,10 @@ import sys
 from zoo.constants import trusted_modules
 from zoo.errors import InvalidRecipe, UntrustedBuilder
 from zoo.families import torch_version
+from zoo.families.base import (  # noqa: F401 - the protocol's answers it takes as they are
+    BUILDS, CONSTRUCTION_DECIDES, LANGUAGE_MODEL, PRETRAINED, PUBLISHED_RESULTS, architecture_columns, preprocess,
+    read_results, results_folder, variant_name, variants, weights_tag,
+)
 
 NAME = "user"
 
@@ -56,7 +60,7 @@ def build(builder: str, kwargs: dict):
             sys.path.remove(cwd)
 
 
-def describe(builder: str, module) -> dict:
+def describe(builder: str, module, tag: str | None = None) -> dict:
     return {"task": None, "input_size": None}
 
 

@@ -15,6 +15,7 @@ from zoo.errors import (
     AmbiguousName, AnalysisError, BuildFailed, InvalidArgument, ModelNotFound, NotBuildable, RegistryDrift,
     RegistryError, RegistryLocked, SearchSyntaxError, ZooError,
 )
+from zoo.families import family
 from zoo.model_info import ModelInfo
 from zoo.query import parse_sort
 from zoo.roofline import PREDICTED, predicted
@@ -157,7 +158,7 @@ def model(zoo: Zoo, name: str, params=None, whole: bool = False) -> dict:
 def snippets(info: ModelInfo) -> list[str]:
     weights = f", weights={json.dumps(info.weights[0]['tag'])}" if info.weights else ""
     lines = [f"import zoo\nm = zoo.get({json.dumps(info.name)}{weights})  # every tensor on meta until .materialize()"]
-    if info.status == "ok" and info.family != "checkpoint":
+    if info.status == "ok" and family(info.family).BUILDS:
         lines += [f"zoo estimate {info.name} --batch 32 --dtype bf16 --training",
                   f"zoo show {info.name} --tree --depth 2"]
     return lines
