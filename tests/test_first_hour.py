@@ -121,12 +121,15 @@ def test_15_the_readme_records_a_weights_tag_before_loading_it_and_installs_extr
 
 @pytest.mark.parametrize("command, argument", [
     ("search", "expression"), ("search", "--json"), ("search", "--limit"), ("show", "name"), ("check", "weights"),
-    ("estimate", "--batch"), ("estimate", "--dtype"), ("weights", "--tag"), ("index", "-j"), ("rm", "name"),
+    ("estimate", "--batch"), ("estimate", "--dtype"), ("weights", "--tag"), ("index timm", "-j"), ("index hf", "--limit"),
+    ("index builder", "--kwargs"), ("rm", "name"),
 ])
 def test_19_every_argument_has_help_and_shows_its_default(command, argument):
     from zoo.cli import parser
 
-    sub = next(a for a in parser()._actions if a.dest == "command").choices[command]
+    sub = parser()
+    for word in command.split():  # `zoo index SOURCE`: a subcommand of a subcommand
+        sub = next(a for a in sub._actions if a.dest in ("command", "source")).choices[word]
     action = next(a for a in sub._actions if argument in a.option_strings or a.dest == argument)
     assert action.help, f"zoo {command} {argument} has no help"
     text = sub.format_help()

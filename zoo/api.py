@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -280,35 +279,36 @@ class Zoo:
     # --- record -------------------------------------------------------------------------------
 
     def index(self, source: str, targets=(), jobs: int = 1, force: bool = False, name: str | None = None,
-              revision: str | None = None, progress=None, pretrained: bool = False, results=None) -> Outcome:
-        """Build models on meta and record them; unchanged ones are skipped unless force.
-
-        source "installed": every timm and torchvision architecture and pretrained variant matching the
-        targets (glob patterns; none: the whole installed zoo) in one run, each architecture with its variants.
-        source "timm" or "torchvision": targets are glob patterns (none: every model). pretrained=True: a row
-        per pretrained variant instead ("timm/resnet50.a1_in1k", "torchvision/resnet50.IMAGENET1K_V2"; the
-        patterns match "resnet50.a1_in1k"), built with the kwargs its weights need, with its published
-        metadata and metrics; results: the folder of timm's published results (default catalog/timm-results).
-        source "hf":
-        targets are config sources (config.json files, directories, catalog files, hub repo ids),
-        with `name` for a single one and `revision` for repo ids. progress(name, done, total) after each.
-        """
+              revision: str | None = None, progress=None, pretrained: bool = False, results=None, author=None,
+              search=None, filter=None, limit: int | None = None, local_cache: bool = False) -> Outcome:
+        """Build models on meta and record them, skipping unchanged ones unless force; progress(name, done, total)
+        after each. source "timm" or "torchvision": targets are glob patterns (none: every model); pretrained=True:
+        a row per pretrained variant instead ("timm/resnet50.a1_in1k", the patterns match "resnet50.a1_in1k"),
+        built with the kwargs its weights need, with its published metadata and metrics; results: the folder of
+        timm's published results (default catalog/timm-results). source "installed": both families at once,
+        architectures and variants. source "hf": targets are config sources (config.json files, directories,
+        catalog files, hub repo ids), `name` for a single one, `revision` for repo ids; or instead the hub's
+        repos that author, search, filter, limit or local_cache pick (index_hub)."""
         from zoo import indexer
 
         indexer.workers_for(jobs)  # refused before anything is built
-        if isinstance(targets, str):  # one pattern or source, not its letters
-            targets = [targets]
+        targets = [targets] if isinstance(targets, str) else list(targets)  # one pattern or source, not its letters
+        listing = bool(author or search or filter or local_cache) or limit is not None  # repos the hub picks
         if source == "hf" and not pretrained and results is None:
-            return indexer.index_configs(self._writable, list(targets), name, revision, force, progress=progress)
-        if name is not None or revision is not None:
-            raise InvalidArgument(f"name and revision apply to hf sources, not to {source}")
+            if listing == bool(targets) or listing and (name is not None or revision is not None):  # both or neither
+                raise InvalidArgument("index hf takes config sources (targets, with name and revision) or the hub's "
+                                      "listing (author, search, filter, limit, local_cache): one of the two")
+            return (self.index_hub(author, search, filter, limit, local_cache, force=force, progress=progress)
+                    if listing else indexer.index_configs(self._writable, targets, name, revision, force, progress))
+        if name is not None or revision is not None or listing:
+            raise InvalidArgument(f"name, revision and the hub's listing apply to hf sources, not to {source}")
         if source == "installed":
             if pretrained:
                 raise InvalidArgument("installed indexes the architectures and their pretrained variants both: "
                                       "no pretrained flag")
-            return indexer.index_installed(self._writable, list(targets), jobs=jobs, force=force, progress=progress,
+            return indexer.index_installed(self._writable, targets, jobs=jobs, force=force, progress=progress,
                                            results=results)
-        return indexer.index_family(self._writable, source, list(targets), jobs=jobs, force=force, progress=progress,
+        return indexer.index_family(self._writable, source, targets, jobs=jobs, force=force, progress=progress,
                                     pretrained=pretrained, results=results)
 
     def index_hub(self, author: str | None = None, search: str | None = None, filter: str | None = None,

@@ -8,7 +8,7 @@ import sys
 
 from zoo import render
 from zoo.cli_bench import add_parser as add_bench_parser, measured_columns, measurement_rows
-from zoo.cli_index import cmd_index, hub_listing, progress_reporter
+from zoo.cli_index import add_parser as add_index_parser, progress_reporter
 from zoo.render import human, printable, table
 from zoo.errors import AnalysisError, InvalidArgument, ModelNotFound, ZooError
 
@@ -252,40 +252,7 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--json", action="store_true", help="print JSON instead of text")
     s.set_defaults(run=cmd_estimate)
 
-    s = sub.add_parser("index", parents=[common], help="build models on meta and record them",
-                       description="index timm|torchvision [PATTERN...]; index installed [PATTERN...] (timm and "
-                                   "torchvision, architectures and pretrained variants, in one run); index builder "
-                                   "MODULE:FUNCTION --name NAME [--kwargs JSON]; index checkpoint FILE [--name NAME]; index hf SOURCE... "
-                                   "[--name NAME] [--revision REV] (SOURCE: a config.json, a directory holding one, "
-                                   "or a hub repo id ORG/NAME); index hf --author|--search|--filter|--local-cache")
-    s.add_argument("source", choices=["timm", "torchvision", "installed", "builder", "checkpoint", "hf"],
-                   help="where the models come from")
-    s.add_argument("targets", nargs="*", metavar="TARGET",
-                   help="glob patterns, MODULE:FUNCTION, a checkpoint file, or hf config sources")
-    s.add_argument("--name", help="registry name (builder, checkpoint, one hf source; default hf/ORG/NAME)")
-    s.add_argument("--revision", help="hub branch, tag or commit of an hf repo id (default main)")
-    s.add_argument("--author", help="hf: index the hub's repos of this user or organization (config.json only)")
-    s.add_argument("--search", help="hf: index the hub's repos whose name contains TEXT")
-    s.add_argument("--filter", help="hf: index the hub's repos with this task or tag (e.g. text-generation)")
-    s.add_argument("--limit", type=_whole(1, "a number of repos"), help="hf: at most N repos from the listing")
-    s.add_argument("--local-cache", action="store_true", help="hf: every model in the local hub cache, offline")
-    s.add_argument("--kwargs", default="{}", help="JSON keyword arguments for a builder")
-    s.add_argument("--input", default=None,
-                   help="a builder's input, the batch first: 1,3,224,224, or JSON for several inputs and dtypes: "
-                        '[{"shape": [1, 16], "dtype": "int64", "name": "input_ids"}] (gives it FLOPs, scan, estimate)')
-    s.add_argument("--jobs", "-j", type=_whole(1, "a number of workers"), default=1,
-                   help="worker processes (at most the CPU count are used)")
-    s.add_argument("--force", action="store_true",
-                   help="rebuild models even if unchanged; replace a model of another family or builder")
-    s.add_argument("--pretrained", action="store_true",
-                   help="timm/torchvision: a row per pretrained variant (resnet50.a1_in1k), with its published "
-                        "metadata and metrics, instead of the architectures")
-    s.add_argument("--results", help="with timm --pretrained or installed: the folder of timm's published "
-                                     "results-*.csv (default: catalog/timm-results)")
-    s.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
-    s.add_argument("--json", action="store_true", help="print JSON instead of text")
-    s.set_defaults(run=cmd_index)
-
+    index_sources = add_index_parser(sub, common, _whole)
     add_bench_parser(sub, common, NAME_HELP)
 
     s = sub.add_parser("check", parents=[common], help="how a weights file fits a model, from metadata alone")
@@ -327,7 +294,7 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--revision", default="head", help="target revision for upgrade")
     s.add_argument("--replace", action="store_true", help="copy: drop the models DST holds first")
     s.set_defaults(run=cmd_db)
-    for s in sub.choices.values():
+    for s in [*sub.choices.values(), *index_sources.values()]:
         s.formatter_class = _DefaultsHelp
     return p
 
@@ -356,25 +323,7 @@ def _glue_negative_sort(argv: list[str]) -> list[str]:
 
 def main(argv=None) -> int:
     p = parser()
-    # parse_known_args: argparse stops filling positionals at the first option, so patterns after
-    # flags (`zoo index timm -j 2 'vit_*'`) arrive as extras.
-    args, extra = p.parse_known_args(_glue_negative_sort(sys.argv[1:] if argv is None else list(argv)))
-    if extra and (args.command != "index" or any(e.startswith("-") for e in extra)):
-        p.error(f"unrecognized arguments: {' '.join(extra)}")
-    if args.command == "index":
-        args.targets += extra
-        if args.source in ("builder", "checkpoint"):
-            if len(args.targets) != 1:
-                p.error(f"index {args.source} takes one {'MODULE:FUNCTION' if args.source == 'builder' else 'FILE'}")
-            if args.source == "builder" and not args.name:
-                p.error("index builder needs --name")
-            args.target = args.targets[0]
-        if args.input is not None and args.source != "builder":
-            p.error("--input applies to index builder")
-        if hub_listing(args) and (args.source != "hf" or args.targets or args.name or args.revision):
-            p.error("--author/--search/--filter/--limit/--local-cache: index hf from the hub, with no SOURCE")
-        if args.source == "hf" and not args.targets and not hub_listing(args):
-            p.error("index hf takes SOURCEs (config.json files, directories, hub repo ids) or --author/--search/...")
+    args = p.parse_args(_glue_negative_sort(sys.argv[1:] if argv is None else list(argv)))
     if args.command == "db" and ((args.source, args.target).count(None) != (0 if args.action == "copy" else 2)):
         p.error("db copy takes SRC and DST (registry URLs or paths); the other db actions take --registry")
     from zoo.api import Zoo
