@@ -162,3 +162,6 @@ def test_show_says_the_size_each_published_number_is_at():
     out = run_cli("show", "timm/convnextv2_large.fcmae_ft_in22k_in1k", registry=str(SHIPPED)).stdout
     assert f"{float(at[224])}% at 224x224" in out and f"{float(at[288])}% at 288x288 (test size" in out
     assert f"{float(speed):.3g} samples/s at 224x224, batch 1" in out
+    # beside the measurement, the roofline's prediction at the same size, called one
+    predicted = next(line for line in out.splitlines() if line.startswith("pred_infer_i7_12700h_fp32 "))
+    assert "samples/s at 224x224, batch 1 (PREDICTED" in predicted

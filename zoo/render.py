@@ -176,7 +176,7 @@ def variant_rows(info) -> list[tuple[str, str]]:
 
 def published_rows(info) -> list[tuple[str, str]]:
     """Published numbers with the size each is at: top1 and the throughput at the row's input size, the test-size
-    result and its FLOPs at test_input_size."""
+    result and its FLOPs at test_input_size; and the predicted throughput (zoo.roofline), named a prediction."""
     from zoo.columns import THROUGHPUT
 
     def px(size) -> str:
@@ -191,6 +191,11 @@ def published_rows(info) -> list[tuple[str, str]]:
     rows += [(column, f"{_speed(getattr(info, column))} samples/s at {px(info.input_size)}, batch "
                       f"{getattr(info, column + '_batch')} (timm's published benchmark)")
              for column in THROUGHPUT if getattr(info, column) is not None]
+    from zoo.roofline import PREDICTED, predicted
+
+    rows += [(field, f"{_speed(value)} samples/s at {px(info.input_size)}, batch {PREDICTED[field].batch} "
+                     f"(PREDICTED: the roofline upper bound, not a measurement)")
+             for field in PREDICTED if (value := predicted(info, field)) is not None]
     if info.pretrain:
         rows.append(("pretrain", info.pretrain))
     return rows
