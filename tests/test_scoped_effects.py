@@ -131,17 +131,20 @@ def test_after_a_build_that_raises_nothing_of_it_is_left(tmp_path, weights, onli
     assert torch.get_num_threads() == threads
 
 
-class _HeldReLU(torch.nn.ReLU):
-    """timm's act_layer for resnet18: the first one made waits, inside timm's build, for the test."""
+def _held_relu():
+    """An act_layer for timm's resnet18 whose first instance waits, inside timm's build, for the test."""
 
-    entered = threading.Event()
-    release = threading.Event()
+    class HeldReLU(torch.nn.ReLU):
+        entered = threading.Event()
+        release = threading.Event()
 
-    def __init__(self, *args, **kwargs):
-        if not self.entered.is_set():
-            self.entered.set()
-            assert self.release.wait(60)
-        super().__init__(*args, **kwargs)
+        def __init__(self, *args, **kwargs):
+            if not self.entered.is_set():
+                self.entered.set()
+                assert self.release.wait(60)
+            super().__init__(*args, **kwargs)
+
+    return HeldReLU
 
 
 class _FailingReLU(torch.nn.ReLU):
@@ -167,12 +170,13 @@ def _loads_for_real(tmp_path):
 
 def test_catching_timm_arguments_leaves_load_pretrained_to_other_threads(tmp_path):
     pytest.importorskip("timm")
-    thread, out = _in_thread(lambda: timm_loader._catch("resnet18", {"act_layer": _HeldReLU}))
+    held = _held_relu()
+    thread, out = _in_thread(lambda: timm_loader._catch("resnet18", {"act_layer": held}))
     try:
-        assert _HeldReLU.entered.wait(60), out
+        assert held.entered.wait(60), out
         _loads_for_real(tmp_path)  # while the other thread is inside its catch
     finally:
-        _HeldReLU.release.set()
+        held.release.set()
         thread.join(60)
     assert "error" not in out, out
     assert (out["value"]["num_classes"], out["value"]["cfg"]["architecture"]) == (1000, "resnet18")
