@@ -49,12 +49,27 @@ def downloads() -> nn.Module:
 
 
 def hub_status() -> nn.Module:
-    """Records whether huggingface_hub is offline while it builds."""
+    """Records whether huggingface_hub is offline while it builds (is_offline_mode: what its HTTP layer and
+    transformers ask at each call; HF_HUB_OFFLINE is read once, at import)."""
     from huggingface_hub import constants
 
     net = nn.Linear(2, 2)
-    net.hub_offline = bool(constants.HF_HUB_OFFLINE)
+    net.hub_offline = constants.is_offline_mode()
     return net
+
+
+HELD: dict[str, dict] = {}  # a test's gate: {"entered": Event, "release": Event, "inside": callable}
+
+
+def held(gate: str) -> nn.Module:
+    """Sets HELD[gate]["entered"], waits (a minute at most) for HELD[gate]["release"], then calls
+    HELD[gate]["inside"]() in its build: a test holds a build open while another thread works."""
+    hold = HELD[gate]
+    hold["entered"].set()
+    if not hold["release"].wait(60):
+        raise TimeoutError(f"gate {gate} was never released")
+    hold["inside"]()
+    return nn.Linear(2, 2)
 
 
 def shipped_weights_net(path: str):

@@ -16,7 +16,7 @@ PACKAGE = Path(zoo.__file__).resolve().parent
 # Lower layers first; a module may import only from its own layer or below. TYPE_CHECKING-only
 # imports (annotations) are not imports at run time and are skipped.
 LAYERS = [
-    ["zoo.errors", "zoo.constants", "zoo.columns", "zoo.roofline", "zoo.measured", "zoo.dtypes", "zoo.caching"],
+    ["zoo.errors", "zoo.constants", "zoo.columns", "zoo.roofline", "zoo.measured", "zoo.dtypes", "zoo.caching", "zoo.scoped"],
     ["zoo.query", "zoo.recipe", "zoo.inspection", "zoo.structure", "zoo.model_info"],
     ["zoo.meta", "zoo.weights", "zoo.construction"],
     ["zoo.families"],

@@ -1,39 +1,46 @@
 """The meta build: a recipe's module under forced meta, init skipped, downloads blocked."""
 
 import contextlib
+import contextvars
 import os
 
 from zoo.errors import BuildFailed, DownloadBlocked, ZooError
 from zoo.families import family
 from zoo.recipe import Recipe
+from zoo.scoped import guard, scope
+
+
+_NO_DOWNLOADS = contextvars.ContextVar("zoo_no_downloads", default=False)
+
+
+def _refusing(download_url_to_file):
+    def guarded(url, *args, **kwargs):
+        if _NO_DOWNLOADS.get():
+            raise DownloadBlocked(f"a meta build tried to download {url}; builds never download")
+        return download_url_to_file(url, *args, **kwargs)
+    return guarded
+
+
+def _offline(is_offline_mode):
+    # huggingface_hub reads HF_HUB_OFFLINE from the environment once, at import; at call time its HTTP
+    # hook (every request of its session) and transformers ask is_offline_mode(), so that is the switch.
+    def guarded():
+        return _NO_DOWNLOADS.get() or is_offline_mode()
+    return guarded
 
 
 @contextlib.contextmanager
 def no_downloads():
-    """Make torch.hub and huggingface_hub refuse the network for the duration of a build."""
+    """For this thread's build only: torch.hub refuses to download (DownloadBlocked) and huggingface_hub
+    is offline (it reads its cache, or raises). Other threads, meanwhile, download as before."""
     import torch.hub
 
-    def refuse(url, *args, **kwargs):
-        raise DownloadBlocked(f"a meta build tried to download {url}; builds never download")
-
-    saved_hub = torch.hub.download_url_to_file
-    saved_env = os.environ.get("HF_HUB_OFFLINE")
-    torch.hub.download_url_to_file = refuse
-    os.environ["HF_HUB_OFFLINE"] = "1"
+    guard(torch.hub, "download_url_to_file", _refusing)
     hf_constants = _hf_constants()
-    saved_hf = hf_constants.HF_HUB_OFFLINE if hf_constants else None
     if hf_constants:
-        hf_constants.HF_HUB_OFFLINE = True
-    try:
+        guard(hf_constants, "is_offline_mode", _offline)
+    with scope(_NO_DOWNLOADS, True):
         yield
-    finally:
-        torch.hub.download_url_to_file = saved_hub
-        if saved_env is None:
-            os.environ.pop("HF_HUB_OFFLINE", None)
-        else:
-            os.environ["HF_HUB_OFFLINE"] = saved_env
-        if hf_constants:
-            hf_constants.HF_HUB_OFFLINE = saved_hf
 
 
 def _hf_constants():
@@ -64,30 +71,29 @@ def _run(recipe: Recipe, fam, *contexts):
         raise BuildFailed(f"{recipe.family}/{recipe.builder}: {type(e).__name__}: {e}") from e
 
 
-@contextlib.contextmanager
-def loads_on_meta(files_read: list):
-    """torch.load inside a meta build reads no data: a constructor that loads its own shipped weights
-    gets them on meta (weights_only: a pickle's code never runs), and the files are noted in files_read."""
-    import threading
+_FILES_READ = contextvars.ContextVar("zoo_files_read", default=None)  # a list inside a meta build
 
-    import torch
 
-    original = torch.load
-    building = threading.get_ident()  # other threads' loads (a materialize beside the build) stay real
-
-    def load(f, *location_and_pickle_module, **kwargs):
-        if threading.get_ident() != building:
-            return original(f, *location_and_pickle_module, **kwargs)
+def _loading_on_meta(load):
+    def guarded(f, *location_and_pickle_module, **kwargs):
+        files_read = _FILES_READ.get()
+        if files_read is None:
+            return load(f, *location_and_pickle_module, **kwargs)
         if isinstance(f, (str, os.PathLike)):
             files_read.append(os.path.abspath(f))
         rest = {k: v for k, v in kwargs.items() if k not in ("map_location", "pickle_module", "weights_only", "mmap")}
-        return original(f, map_location="meta", weights_only=True, **rest)
+        return load(f, map_location="meta", weights_only=True, **rest)
+    return guarded
 
-    torch.load = load
-    try:
-        yield files_read
-    finally:
-        torch.load = original
+
+def loads_on_meta(files_read: list):
+    """torch.load inside a meta build reads no data: a constructor that loads its own shipped weights
+    gets them on meta (weights_only: a pickle's code never runs), and the files are noted in files_read.
+    Only this thread's build: a materialize beside it in another thread loads for real."""
+    import torch
+
+    guard(torch, "load", _loading_on_meta)
+    return scope(_FILES_READ, files_read)
 
 
 def build_meta(recipe: Recipe, trusted: set[str] | None = None, keep_all_values: bool = False,

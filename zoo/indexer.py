@@ -86,6 +86,13 @@ def _worker_start(parent: int) -> None:
         os._exit(1)
     for eng in db.cached_engines():
         eng.dispose(close=False)
+    # One torch thread: libgomp is not fork-safe. Once the parent has run an OpenMP parallel region, a
+    # forked child's first one waits forever for pool threads the fork did not copy (a worker hung in a
+    # build's torch.zeros, tests/test_indexer.py). The worker is zoo's own process, one per core (-j),
+    # so this process-wide setting changes no one else's threads.
+    import torch
+
+    torch.set_num_threads(1)
 
 
 _known: dict = {}  # structure digest -> analysis, set by _index_groups before its workers fork: they inherit it

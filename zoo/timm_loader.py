@@ -2,27 +2,27 @@
 
 What timm.create_model(builder, pretrained=True, **kwargs) passes to load_pretrained (the pretrained
 cfg, num_classes, in_chans, the model's checkpoint filter, strict) is fixed by the build. It is caught
-from a build on meta in which load_pretrained only records its arguments (a module-level swap, undone
-at once), then remembered: in this process, and under $ZOO_CACHE for the next ones (keyed by timm's
+from a build on meta in which load_pretrained only records its arguments (for that thread's build only:
+zoo.scoped), then remembered: in this process, and under $ZOO_CACHE for the next ones (keyed by timm's
 version, so an upgrade catches again), so a first pretrained load in a process builds the model once.
 A record names the filter by module and name, and is replayed only for a function of timm's own
 modules; a filter that is no such function (a partial, a closure) is caught again in each process.
 """
 
+import contextvars
 import copy
 import hashlib
 import importlib
 import json
 import os
-import threading
 
 from zoo.caching import register, trim
 from zoo.constants import cache_dir
 from zoo.errors import InvalidArgument
+from zoo.scoped import guard, scope
 
 _caught: dict[str, dict] = {}  # record key -> the arguments
 register("timm loader arguments", _caught, 4096)
-_CATCHING = threading.Lock()
 
 
 def timm_load_arguments(builder: str, kwargs: dict) -> dict:
@@ -38,6 +38,23 @@ def timm_load_arguments(builder: str, kwargs: dict) -> dict:
     return {**caught, "cfg": copy.deepcopy(caught["cfg"])}
 
 
+_RECORDING = contextvars.ContextVar("zoo_timm_load_pretrained", default=None)  # a dict while catching
+
+
+def _recording(load_pretrained):
+    def guarded(*args, **kwargs):
+        caught = _RECORDING.get()
+        if caught is None:
+            return load_pretrained(*args, **kwargs)
+        _note(caught, *args, **kwargs)
+    return guarded
+
+
+def _note(caught, model, pretrained_cfg=None, num_classes=1000, in_chans=3, filter_fn=None, strict=True, **_):
+    caught.update(cfg=dict(pretrained_cfg or model.pretrained_cfg), num_classes=num_classes,
+                  in_chans=in_chans, filter_fn=filter_fn, strict=strict)
+
+
 def _catch(builder: str, kwargs: dict) -> dict:
     import timm
     from timm.models import _builder
@@ -45,20 +62,9 @@ def _catch(builder: str, kwargs: dict) -> dict:
     from zoo.build import no_downloads
     from zoo.meta import force_meta
 
-    caught = {}
-
-    def record(model, pretrained_cfg=None, num_classes=1000, in_chans=3, filter_fn=None, strict=True, **_):
-        caught.update(cfg=dict(pretrained_cfg or model.pretrained_cfg), num_classes=num_classes,
-                      in_chans=in_chans, filter_fn=filter_fn, strict=strict)
-
-    with _CATCHING:  # one swap at a time: two threads swapping would restore each other's recorder
-        original = _builder.load_pretrained
-        _builder.load_pretrained = record
-        try:
-            with no_downloads(), force_meta():
-                timm.create_model(builder, **{**kwargs, "pretrained": True})
-        finally:
-            _builder.load_pretrained = original
+    guard(_builder, "load_pretrained", _recording)
+    with scope(_RECORDING, {}) as caught, no_downloads(), force_meta():
+        timm.create_model(builder, **{**kwargs, "pretrained": True})
     if not caught:
         raise InvalidArgument(f"timm {builder}: create_model(pretrained=True) loads no weights through "
                               f"load_pretrained; zoo cannot load these weights in place")

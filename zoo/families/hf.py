@@ -126,7 +126,7 @@ def build(builder: str, kwargs: dict):
     import transformers
 
     # The config dtype is kept, as from_pretrained's default dtype="auto" keeps it; no download
-    # can happen here (zoo.build sets HF_HUB_OFFLINE) and remote code is off by default.
+    # can happen here (zoo.build keeps huggingface_hub offline for the build) and remote code is off by default.
     return getattr(transformers, builder).from_config(_config_object(kwargs))
 
 
