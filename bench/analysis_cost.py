@@ -102,13 +102,14 @@ def memory(batch: int) -> list[dict]:
     from zoo.analysis import estimate, loss_of, make_optimizer, measure_step
     from zoo.build import build_meta, build_real
     from zoo.recipe import Recipe
+    from zoo.state import ZooState, set_state
 
     torch.set_num_threads(1)
     rows = []
     for fam, builder in MODELS:
         recipe = Recipe(fam, builder)
         meta = build_meta(recipe)
-        meta.__dict__["_zoo_recipe"] = recipe  # what zoo.get attaches: estimate reads the input spec through it
+        set_state(meta, ZooState(recipe))  # what zoo.get attaches: estimate reads the input spec through it
         start = time.perf_counter()
         got = estimate(meta, batch=batch, dtype="fp32", training=True, optimizer="adamw")
         estimate_s = time.perf_counter() - start

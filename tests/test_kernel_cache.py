@@ -12,6 +12,7 @@ from zoo.analysis.meters import LiveBytes
 from zoo.build import build_meta
 from zoo.families import family
 from zoo.recipe import Recipe
+from zoo.state import ZooState, set_state
 
 # In-place activations and norms (resnet, efficientnet, mobilenet), attention and views (vit, swin, coat with
 # ties), LSTMs (sequencer), data-dependent shapes that stop on meta (detection), a training step with AdamW.
@@ -53,7 +54,7 @@ def test_analysis_is_the_same_with_and_without_the_cache(fam, builder, cache_off
 @pytest.mark.parametrize("training", [False, True], ids=["inference", "training"])
 def test_estimate_and_scan_are_the_same_with_and_without_the_cache(training, cache_off):
     module, _ = _module("timm", "efficientnet_b0")
-    module._zoo_recipe = Recipe("timm", "efficientnet_b0")  # as zoo.get leaves it: estimate reads its input spec
+    set_state(module, ZooState(Recipe("timm", "efficientnet_b0")))  # as zoo.get leaves it: estimate reads its input spec
     cache_off()
     plain = (estimate(module, batch=4, dtype="fp32", training=training),
              scan(module, (2, 3, 224, 224), train=training).as_dict())

@@ -16,15 +16,17 @@ PACKAGE = Path(zoo.__file__).resolve().parent
 # Lower layers first; a module may import only from its own layer or below. TYPE_CHECKING-only
 # imports (annotations) are not imports at run time and are skipped.
 LAYERS = [
-    ["zoo.errors", "zoo.constants", "zoo.columns", "zoo.roofline", "zoo.measured", "zoo.dtypes", "zoo.caching", "zoo.scoped"],
-    ["zoo.query", "zoo.recipe", "zoo.inspection", "zoo.structure", "zoo.model_info"],
+    ["zoo.errors", "zoo.constants", "zoo.columns", "zoo.roofline", "zoo.measured", "zoo.dtypes", "zoo.caching",
+     "zoo.scoped"],
+    ["zoo.query", "zoo.recipe", "zoo.state", "zoo.inspection", "zoo.structure", "zoo.model_info"],
     ["zoo.meta", "zoo.weights", "zoo.construction"],
     ["zoo.families"],
     ["zoo.build", "zoo.templates", "zoo.preprocess"],
     ["zoo.analysis", "zoo.materialize", "zoo.pretrained", "zoo.timm_loader", "zoo.record"],
     ["zoo.registry"],
     ["zoo.indexer", "zoo.hub_indexer"],
-    ["zoo.api", "zoo.attach", "zoo.benchmark"],
+    ["zoo.load"],  # weights= resolved, .materialize and the lazy load: below the api, which binds them
+    ["zoo.api", "zoo.benchmark"],
     ["zoo", "zoo.cli", "zoo.cli_index", "zoo.web"],  # readers at the top: the CLI and the web catalog, both through zoo.api
 ]
 MAX_LINES = 400
@@ -84,6 +86,49 @@ def test_imports_point_down_the_data_flow():
                 if _layer(target) > _layer(module):
                     wrong.append(f"{module} imports {target}")
     assert wrong == []
+
+
+def _import_graph() -> dict[str, set[str]]:
+    """Each module -> the zoo modules it imports anywhere (a function's lazy imports too)."""
+    modules = _modules()
+    graph = {}
+    for module, path in modules.items():
+        targets = {max((m for m in modules if i == m or i.startswith(m + ".")), key=len)
+                   for i in _imports(path, module) if i == "zoo" or i.startswith("zoo.")}
+        graph[module] = targets - {module}
+    return graph
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[set[str]]:
+    """The strongly connected components of more than one module: each is an import cycle."""
+    reach = {m: set() for m in graph}
+    for start in graph:
+        todo = list(graph[start])
+        while todo:
+            m = todo.pop()
+            if m not in reach[start]:
+                reach[start].add(m)
+                todo.extend(graph[m])
+    found = []
+    for m in graph:
+        component = {m} | {n for n in reach[m] if m in reach[n]}
+        if len(component) > 1 and component not in found:
+            found.append(component)
+    return found
+
+
+def test_the_load_layer_sits_below_the_api_and_never_imports_it():
+    """zoo.load binds .materialize and the lazy load, which once opened the registry through zoo.api from inside
+    a call: a cycle. The api builds on the load layer; the load layer reads rows through zoo.registry."""
+    assert _layer("zoo.state") < _layer("zoo.load") < _layer("zoo.api")
+    for module in ("zoo.load", "zoo.state"):
+        imported = _imports(_modules()[module], module)
+        assert not {i for i in imported if i == "zoo" or i == "zoo.api" or i.startswith("zoo.api.")}, module
+
+
+def test_no_import_cycle_runs_through_the_api_or_the_load_layer():
+    ours = {"zoo.api", "zoo.load", "zoo.state", "zoo.materialize"}
+    assert [c for c in _cycles(_import_graph()) if c & ours] == []
 
 
 def test_the_grammar_imports_neither_the_registry_nor_sqlalchemy_nor_torch():

@@ -337,6 +337,31 @@ def test_a_pickled_module_loads_a_file_after_its_registry_is_gone(tmp_path):
     assert_same_model(pickle.loads(frozen).materialize(weights=path), eager, "user/tied")
 
 
+def test_a_modules_zoo_state_is_one_typed_object(zoo_at, tmp_path):
+    """What zoo.get knows about a module (recipe, row, tag, inputs) is one ZooState under one attribute, beside
+    its .materialize; it survives deepcopy and pickle, and a lazy load waits on .materialize, not on a key."""
+    import copy
+    import pickle
+
+    from zoo.load import Materializer
+    from zoo.state import ZooState, state_of
+
+    m = zoo_at.get("timm/resnet18")
+    zoo_keys = [k for k in vars(m) if "zoo" in k]
+    assert zoo_keys == ["_zoo"] and type(vars(m)["_zoo"]) is ZooState and state_of(m) is vars(m)["_zoo"]
+    assert type(vars(m)["materialize"]) is Materializer and m.materialize.module is m
+    state = state_of(m)
+    assert (state.recipe.family, state.recipe.builder, state.name, state.url) == (
+        "timm", "resnet18", "timm/resnet18", zoo_at.connect().url)
+    for twin in (copy.deepcopy(m), pickle.loads(pickle.dumps(m))):
+        assert state_of(twin) == state and twin.materialize.module is twin
+    assert state_of(torch.nn.Sequential(m)) is None  # a wrapper is not the module zoo.get returned
+    lazy = zoo_at.get("timm/resnet18", weights=save(tmp_path, eager_model("timm/resnet18")), dispatch="lazy")
+    assert lazy.materialize.pending is not None and [k for k in vars(lazy) if "zoo" in k] == ["_zoo"]
+    lazy.state_dict()
+    assert lazy.materialize.pending is None and not _still_meta(lazy)
+
+
 @pytest.mark.parametrize("name", ["timm/resnet18", "timm/swin_tiny_patch4_window7_224"])
 def test_dtype_alone_gives_the_meta_module_in_that_dtype_as_timm_builds_it(zoo_at, tmp_path, name):
     import timm

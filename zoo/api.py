@@ -6,12 +6,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from zoo.attach import LazyLoad, Materializer, cast_meta, check_against_record
+from zoo.load import LazyLoad, bind, constructor_files, row_of, weights_file
 from zoo.columns import check_name, name_part
 from zoo.constants import refuse_unnamed_write, registry_named, registry_url
-from zoo.errors import BuildFailed, CheckpointError, InvalidArgument, NotBuildable, WeightsMismatch
+from zoo.errors import BuildFailed, InvalidArgument, NotBuildable, WeightsMismatch
 from zoo.model_info import ModelInfo
 from zoo.recipe import Recipe
+from zoo.state import ZooState
 
 
 class _OnFirstUse:
@@ -110,7 +111,7 @@ class Zoo:
         those kwargs. The module has .materialize(device, weights, ...) (see zoo.materialize).
 
         With weights or device it is materialized at once (in `dtype`); dispatch="lazy" defers that to
-        the module's first use (see zoo.attach.LazyLoad), and keeps deferring until a load succeeds.
+        the module's first use (see zoo.load.LazyLoad), and keeps deferring until a load succeeds.
         dtype alone gives the meta module in that dtype.
         """
         if dispatch not in ("now", "lazy"):
@@ -122,6 +123,8 @@ class Zoo:
         module = self._get_meta(name, overrides)
         if weights is None and device is None:
             if dtype is not None:  # a meta module in that dtype, as timm.create_model(..., dtype=) builds
+                from zoo.build import cast_meta
+
                 cast_meta(module, dtype)
             return module
         options = dict(device=device or "cpu", weights=weights, dtype=dtype)
@@ -132,7 +135,7 @@ class Zoo:
 
     def _get_meta(self, name: str, overrides: dict) -> nn.Module:
         from zoo import templates
-        from zoo.build import build_meta
+        from zoo.build import build_meta, check_against_record
 
         info, source_hash = self._row(name)
         if info.family == "checkpoint":
@@ -154,24 +157,13 @@ class Zoo:
                     check_against_record(info.name, module, now.tensor_table)
             return module
 
-        module = templates.cached(key, build)
-        module.__dict__["_zoo_recipe"] = recipe
         # scan and estimate run with the row's own inputs (zoo.analysis.inputs.described): a variant's tag, a user's
-        module.__dict__.update(_zoo_tag=info.tag if info.kind == "variant" else None, _zoo_inputs=inputs)
-        module.__dict__["materialize"] = Materializer(module, self.url, info.name)
-        return module
+        state = ZooState(recipe, info.name, self.url, info.tag if info.kind == "variant" else None, inputs)
+        return bind(templates.cached(key, build), state)
 
     def _row(self, name: str, tensors: bool = False) -> tuple[ModelInfo, str]:
-        """A model's ModelInfo (with its weights, and its tensor table when asked) and source hash, in one
-        snapshot: through zoo.registry.lite on a SQLite file (no SQLAlchemy import), else SQLAlchemy."""
-        from zoo.registry import lite
-
-        found = lite.info(self.url, check_name(name), tensors)
-        if found is not None:
-            return found
-        with db.session(self.url) as s:
-            row = store.resolve(s, name)
-            return store.info(s, row.name, tensors), row.source_hash
+        """A model's ModelInfo and source hash, in one snapshot (see zoo.load.row_of)."""
+        return row_of(self.url, name, tensors)
 
     def _module(self, name_or_module) -> nn.Module:
         return self.get(name_or_module) if isinstance(name_or_module, str) else name_or_module
@@ -242,39 +234,13 @@ class Zoo:
         """What to load for `weights`: hf://ORG/NAME through the hub cache; a tag recorded for the model
         ("default", "v1.0") becomes its file, sha256 checked; any other string is a path (one with a '/'
         is never a tag, so it loads without the registry); a state dict is itself. "pretrained" names no
-        one file: .materialize loads it (zoo.pretrained)."""
-        if not isinstance(weights, str):
-            return weights
-        if weights == "pretrained":  # no one file: timm's filters need the module (see zoo.pretrained)
-            raise InvalidArgument("weights='pretrained' loads through zoo.get(name, weights='pretrained') or "
-                                  ".materialize(weights='pretrained'); it names no single file to check")
-        if weights.startswith("hf://"):
-            from zoo.weights.hub import resolve_hub_weights
-            return resolve_hub_weights(weights)
-        if "/" in weights:
-            return weights
-        from zoo.weights.digest import verify
-
-        recorded = self.info(name).weights
-        entry = next((w for w in recorded if w["tag"] == weights), None)  # a tag first: "v1.0" is a tag, then a file
-        if entry is None:
-            if "." in weights or _exists(weights):  # a file, or a directory (save_pretrained's, DCP's, shards)
-                return weights
-            raise CheckpointError(f"{weights!r} is neither a file nor a weights tag of {name} "
-                                  f"(tags: {', '.join(w['tag'] for w in recorded) or 'none; add one with `zoo weights add`'})")
-        verify(entry["path"], entry["sha256"])
-        return entry["path"]
+        one file: .materialize loads it (zoo.pretrained). See zoo.load.weights_file."""
+        return weights_file(self.url, name, weights).source
 
     def constructor_files(self, name: str) -> list[str]:
         """The weights files a model's constructor reads itself (recorded at index time as tags
         "constructor", "constructor-2", ...), each checked against its recorded sha256."""
-        from zoo.indexer import is_constructor_tag
-        from zoo.weights.digest import verify
-
-        files = [w for w in self.info(name).weights if is_constructor_tag(w["tag"])]
-        for w in files:
-            verify(w["path"], w["sha256"])
-        return [w["path"] for w in files]
+        return constructor_files(self.url, name)
 
     # --- record -------------------------------------------------------------------------------
 
@@ -386,13 +352,6 @@ class Zoo:
 
         url = registry_url(target) if registry_named(target) else refuse_unnamed_write()
         return copy_registry(self.url, url, replace)
-
-
-def _exists(path: str) -> bool:
-    try:
-        return Path(path).exists()
-    except OSError:  # a name too long for the file system is no file
-        return False
 
 
 def connect(url: str | None = None) -> Zoo:

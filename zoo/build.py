@@ -4,7 +4,7 @@ import contextlib
 import contextvars
 import os
 
-from zoo.errors import BuildFailed, DownloadBlocked, ZooError
+from zoo.errors import BuildFailed, DownloadBlocked, RegistryDrift, ZooError
 from zoo.families import family
 from zoo.recipe import Recipe
 from zoo.scoped import guard, scope
@@ -115,3 +115,29 @@ def build_real(recipe: Recipe, device):
     import torch
 
     return _run(recipe, vetted(recipe, None), torch.device(device))
+
+
+def cast_meta(module, dtype) -> None:
+    """A meta module's floating tensors in `dtype`, as timm.create_model(..., dtype=) builds them; the
+    values their constructor computed (zoo.meta shadows) stay with them."""
+    def cast(t):
+        if not t.is_floating_point():
+            return t
+        new = t.to(dtype)
+        new.__dict__.update(t.__dict__)
+        return new
+
+    module._apply(cast)
+
+
+def check_against_record(name: str, module, recorded) -> None:
+    """A build must match its row (its recorded tensor table): the installed library may differ from the
+    one that indexed it."""
+    from zoo.inspection import inspect_module
+
+    want = {t.name: (t.shape, t.dtype) for t in recorded}
+    got = {t.name: (t.shape, t.dtype) for t in inspect_module(module).tensor_table}
+    if want != got:
+        diff = sorted(set(want.items()) ^ set(got.items()))[:5]
+        raise RegistryDrift(f"{name}: the installed library builds other tensors than the registry records "
+                            f"(first differences: {diff}); re-index it with `zoo index`")

@@ -15,6 +15,7 @@ from zoo.families.hf_keys import hf_key_map
 from zoo.dtypes import float_dtype
 from zoo.inspection import dtype_name
 from zoo.meta import value_of
+from zoo.state import state_of
 from zoo.weights.fit import Fit, Target, fit
 from zoo.weights.sources import SafetensorsSource, Source, open_source
 from zoo.weights.alloc import allocate, parallel, populate
@@ -75,7 +76,8 @@ def load_into(module: nn.Module, device="cpu", weights=None, dtype=None, strict:
     device, dtype = _device(device), None if dtype is None else float_dtype(dtype)
     if device.type == "cuda" and device.index is None:
         device = torch.device("cuda", torch.cuda.current_device())  # each rank's own, as set_device chose
-    recipe = recipe if recipe is not None else module.__dict__.get("_zoo_recipe")
+    state = state_of(module)  # a module zoo.get returned knows how it was built
+    recipe = recipe if recipe is not None or state is None else state.recipe
     slots = slots_of(module)
     kept = frozenset(n for s in slots if only_meta and not s.tensor.is_meta for n in s.names)
     slots = [s for s in slots if not kept.intersection(s.names)]

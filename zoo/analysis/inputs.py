@@ -19,6 +19,7 @@ import torch
 from torch import nn
 
 from zoo.errors import AnalysisError
+from zoo.state import state_of
 
 
 def make_inputs(spec: dict, batch: int = 1, seq_len: int | None = None, dtype=None) -> tuple[list, dict]:
@@ -71,10 +72,10 @@ def described(recipe, module, tag: str | None = None, inputs: list | None = None
 def input_spec_of(module: nn.Module) -> dict | None:
     """The input spec of a module that zoo.get built, as its row was recorded with (described); None if it
     has none."""
-    recipe = getattr(module, "_zoo_recipe", None)
-    if recipe is None:
+    state = state_of(module)
+    if state is None:
         return None
-    return described(recipe, module, module.__dict__.get("_zoo_tag"), module.__dict__.get("_zoo_inputs")).get("input")
+    return described(state.recipe, module, state.tag, state.inputs).get("input")
 
 
 def inputs_of(spec: dict) -> list[dict]:
@@ -187,8 +188,8 @@ def tensor_leaves(value):
 def tokenized(name, module, texts) -> dict:
     """scan(name, "some text"): the text as token ids from the model's tokenizer in the local HF cache,
     the model's other recorded inputs (decoder_input_ids) at the same length."""
-    recipe = module.__dict__.get("_zoo_recipe")
-    if len(texts) != 1 or not isinstance(name, str) or recipe is None or recipe.family != "hf":
+    state = state_of(module)
+    if len(texts) != 1 or not isinstance(name, str) or state is None or state.recipe.family != "hf":
         raise AnalysisError("text is scanned for a registered hf model, as its one input: "
                             "zoo.scan('hf/ORG/NAME', 'some text')")
     from zoo.families import hf

@@ -1,0 +1,36 @@
+"""What zoo.get knows about a module it returns, kept on the module as one typed object.
+
+It sits this low so that materialize and analysis (below the registry) read it as the load layer does.
+"""
+
+from dataclasses import dataclass
+
+from zoo.recipe import Recipe
+
+# The one attribute, set in the instance dict: nn.Module's __setattr__ and state_dict never see it, while
+# deepcopy and pickle copy it with the module.
+_KEY = "_zoo"
+
+
+@dataclass(frozen=True)
+class ZooState:
+    """recipe: how to rebuild the module (initialization, non-persistent buffers, published weights).
+    name, url: its registry row, read when weights= names a tag recorded for it.
+    tag: a variant row's weights tag (its published weights, the input size it was recorded at), else None.
+    inputs: a user builder's recorded inputs (scan and estimate run with them), else None."""
+
+    recipe: Recipe
+    name: str | None = None
+    url: str | None = None
+    tag: str | None = None
+    inputs: list | None = None
+
+
+def state_of(module) -> ZooState | None:
+    """The zoo state of a module zoo.get returned; None for any other module (a wrapper such as DDP too)."""
+    state = getattr(module, "__dict__", {}).get(_KEY)
+    return state if isinstance(state, ZooState) else None
+
+
+def set_state(module, state: ZooState) -> None:
+    module.__dict__[_KEY] = state
