@@ -178,6 +178,44 @@ def test_one_module_compiles_the_search_tree_to_sql():
     assert walkers == ["zoo.registry.where"]
 
 
+@pytest.mark.parametrize("name", ["timm", "torchvision", "hf", "user", "checkpoint", "toy"])
+def test_every_family_implements_the_protocol_with_its_signatures(name):
+    """zoo.families.base.Family, names and signatures (a family module is checked as a class would be); "toy" is
+    tests/toy_family.py, the one-file family of tests/test_family_protocol.py."""
+    from zoo.families import FAMILIES, family
+    from zoo.families.base import Family
+
+    fam = family(name) if name in FAMILIES else importlib.import_module("tests.toy_family")
+    assert isinstance(fam, Family)
+    assert [a for a in Family.__annotations__ if not hasattr(fam, a)] == []
+    for hook, declared in vars(Family).items():
+        if inspect.isfunction(declared) and not hook.startswith("_"):
+            want = list(inspect.signature(declared).parameters)[1:]  # less self
+            assert list(inspect.signature(getattr(fam, hook)).parameters) == want, hook
+
+
+def test_no_module_outside_the_families_branches_on_a_family_name():
+    """What differs by family is the family's to say (zoo.families.base): a comparison of a model's family, or a
+    family name, with a literal family name (`recipe.family == "timm"`) anywhere else is a seam leaking."""
+    from zoo.families import FAMILIES
+
+    def family_valued(node) -> bool:
+        name = node.attr if isinstance(node, ast.Attribute) else node.id if isinstance(node, ast.Name) else ""
+        return name in ("family", "family_name")
+
+    leaks = []
+    for module, path in _modules().items():
+        if module.startswith("zoo.families"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Compare) and any(family_valued(n) for n in [node.left, *node.comparators]):
+                values = [e for n in [node.left, *node.comparators]
+                          for e in (n.elts if isinstance(n, (ast.Tuple, ast.List, ast.Set)) else [n])]
+                if any(isinstance(v, ast.Constant) and v.value in FAMILIES for v in values):
+                    leaks.append(f"{module}:{node.lineno}: {ast.unparse(node)}")
+    assert leaks == []
+
+
 def test_only_zoo_constants_reads_zoos_environment_variables():
     """constants.py says it holds every variable zoo reads; kernel_cache.py read ZOO_KERNEL_CACHE itself."""
     readers = []

@@ -10,6 +10,7 @@ from zoo.load import LazyLoad, bind, constructor_files, row_of, weights_file
 from zoo.columns import check_name, name_part
 from zoo.constants import refuse_unnamed_write, registry_named, registry_url
 from zoo.errors import BuildFailed, InvalidArgument, NotBuildable, WeightsMismatch
+from zoo.families import family
 from zoo.model_info import ModelInfo
 from zoo.recipe import Recipe
 from zoo.state import ZooState
@@ -138,13 +139,13 @@ class Zoo:
         from zoo.build import build_meta, check_against_record
 
         info, source_hash = self._row(name)
-        if info.family == "checkpoint":
+        if not family(info.family).BUILDS:
             raise NotBuildable(f"{info.name} is an indexed checkpoint: it records tensors, not a module")
         if info.status != "ok":
             raise BuildFailed(f"{info.name} failed to build when it was indexed: {info.error}")
         recipe = Recipe(info.family, info.builder, {**info.kwargs, **overrides})
         key = (self.url, info.name, source_hash, recipe.kwargs_json())
-        inputs = info.inputs if info.family == "user" and info.inputs else None
+        inputs = info.inputs if family(info.family).INPUTS_RECORDED and info.inputs else None
 
         def build():
             module = build_meta(recipe)

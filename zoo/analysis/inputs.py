@@ -188,13 +188,14 @@ def tensor_leaves(value):
 def tokenized(name, module, texts) -> dict:
     """scan(name, "some text"): the text as token ids from the model's tokenizer in the local HF cache,
     the model's other recorded inputs (decoder_input_ids) at the same length."""
+    from zoo.families import family
+
     state = state_of(module)
-    if len(texts) != 1 or not isinstance(name, str) or state is None or state.recipe.family != "hf":
+    if len(texts) != 1 or not isinstance(name, str) or state is None:
         raise AnalysisError("text is scanned for a registered hf model, as its one input: "
                             "zoo.scan('hf/ORG/NAME', 'some text')")
-    from zoo.families import hf
-
-    ids = hf.tokenize(name.removeprefix("hf/"), texts[0])
+    fam = family(state.recipe.family)
+    ids = fam.tokenize(name.removeprefix(f"{fam.NAME}/"), texts[0])
     spec = input_spec_of(module) or {"kwargs": {"input_ids": {"shape": ["seq"], "dtype": "int64"}}}
     _, kwargs = make_inputs(spec, batch=1, seq_len=len(ids))
     kwargs["input_ids"] = torch.tensor([ids], dtype=torch.int64).to("meta")

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any, Protocol, runtime_checkable
 
-from zoo.errors import InvalidArgument
+from zoo.errors import AnalysisError, InvalidArgument
 
 
 @runtime_checkable
@@ -27,6 +27,7 @@ class Family(Protocol):
     # pretrained cfg: the hub or its URL, timm's own load arguments), "weights-enum" (a torchvision weights
     # enum's URL in torch hub's cache), or None (the family publishes none)
     PRETRAINED: str | None
+    INPUTS_RECORDED: bool  # True: a row's recorded inputs are its forward's (user builders, given when indexed)
 
     def available(self, patterns=()) -> list[str]:
         """The builder names it can index, filtered by glob patterns."""
@@ -66,6 +67,9 @@ class Family(Protocol):
         """The tag of its published weights that a library spelling of weights names (torchvision's "DEFAULT",
         "IMAGENET1K_V2", an enum member); False for anything else (a file, a recorded tag, hf://...)."""
 
+    def tokenize(self, name: str, text: str) -> list[int]:
+        """A text as the token ids of the model `name` (after the family's prefix), for zoo.scan(name, text)."""
+
     def preprocess(self, info) -> dict:
         """The input preprocessing of a ModelInfo: its recorded dict, else the library's for its weights."""
 
@@ -75,6 +79,7 @@ BUILDS = True
 LANGUAGE_MODEL = False
 PUBLISHED_RESULTS = False
 PRETRAINED = None
+INPUTS_RECORDED = False
 
 
 def results_folder() -> str | None:
@@ -101,6 +106,11 @@ def variant_name(variant: dict) -> str:
 
 def weights_tag(builder: str, weights) -> str | bool:
     return False
+
+
+def tokenize(name: str, text: str) -> list[int]:
+    raise AnalysisError("text is scanned for a registered hf model, as its one input: "
+                        "zoo.scan('hf/ORG/NAME', 'some text')")
 
 
 def preprocess(info) -> dict:

@@ -6,8 +6,8 @@ from pathlib import Path
 from zoo.errors import CheckpointError, NotBuildable
 from zoo.inspection import TensorInfo
 from zoo.families.base import (  # noqa: F401 - the protocol's answers it takes as they are
-    CONSTRUCTION_DECIDES, LANGUAGE_MODEL, PRETRAINED, PUBLISHED_RESULTS, architecture_columns, preprocess,
-    read_results, results_folder, variant_name, variants, weights_tag,
+    CONSTRUCTION_DECIDES, INPUTS_RECORDED, LANGUAGE_MODEL, PRETRAINED, PUBLISHED_RESULTS, architecture_columns,
+    preprocess, read_results, results_folder, tokenize, variant_name, variants, weights_tag,
 )
 from zoo.weights.sources import PICKLE_SUFFIXES
 

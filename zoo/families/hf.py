@@ -13,8 +13,8 @@ from pathlib import Path
 from zoo.errors import InvalidRecipe, UntrustedBuilder
 from zoo.families import torch_version
 from zoo.families.base import (  # noqa: F401 - the protocol's answers it takes as they are
-    BUILDS, CONSTRUCTION_DECIDES, PRETRAINED, PUBLISHED_RESULTS, architecture_columns, preprocess, read_results,
-    results_folder, variant_name, variants, weights_tag,
+    BUILDS, CONSTRUCTION_DECIDES, INPUTS_RECORDED, PRETRAINED, PUBLISHED_RESULTS, architecture_columns, preprocess,
+    read_results, results_folder, variant_name, variants, weights_tag,
 )
 from zoo.recipe import Recipe
 from zoo.weights.hub import REPO_ID
@@ -262,21 +262,21 @@ def _read_json(file: Path) -> dict:
     return read_config(file)
 
 
-def tokenize(repo_id: str, text: str) -> list[int]:
+def tokenize(name: str, text: str) -> list[int]:
     """The token ids of a text, with the repo's tokenizer read from the local Hugging Face cache only
     (never downloaded). Raises TokenizerNotCached where the cache lacks it."""
     from zoo.errors import TokenizerNotCached
 
-    if not is_repo_id(repo_id):
-        raise TokenizerNotCached(f"text needs a hub model's tokenizer; {repo_id!r} is not a hub repo id: "
+    if not is_repo_id(name):
+        raise TokenizerNotCached(f"text needs a hub model's tokenizer; {name!r} is not a hub repo id: "
                                  f"give token-id shapes instead, e.g. zoo.scan(name, (1, 16))")
     from transformers import AutoTokenizer
 
     try:
-        tokenizer = AutoTokenizer.from_pretrained(repo_id, local_files_only=True)
+        tokenizer = AutoTokenizer.from_pretrained(name, local_files_only=True)
     except (OSError, ValueError) as e:  # not cached: transformers raises OSError; an unusable one ValueError
         raise TokenizerNotCached(
-            f"the tokenizer of {repo_id} is not in the local Hugging Face cache ({type(e).__name__}); download it "
-            f"with `hf download {repo_id} tokenizer.json tokenizer_config.json`, or give token-id "
-            f"shapes instead, e.g. zoo.scan('hf/{repo_id}', (1, 16))") from None
+            f"the tokenizer of {name} is not in the local Hugging Face cache ({type(e).__name__}); download it "
+            f"with `hf download {name} tokenizer.json tokenizer_config.json`, or give token-id "
+            f"shapes instead, e.g. zoo.scan('hf/{name}', (1, 16))") from None
     return list(tokenizer(text)["input_ids"])

@@ -4,7 +4,9 @@
 from zoo.caching import register
 from zoo.errors import InvalidArgument, UntrustedBuilder
 from zoo.families import torch_version
-from zoo.families.base import BUILDS, LANGUAGE_MODEL, weights_tag  # noqa: F401 - the protocol's answers
+from zoo.families.base import (  # noqa: F401 - the protocol's answers it takes as they are
+    BUILDS, INPUTS_RECORDED, LANGUAGE_MODEL, tokenize, weights_tag,
+)
 
 NAME = "timm"
 PUBLISHED_RESULTS = True  # catalog/timm-results: validation results, benchmarks, pretraining data

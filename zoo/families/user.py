@@ -9,10 +9,11 @@ from zoo.errors import InvalidRecipe, UntrustedBuilder
 from zoo.families import torch_version
 from zoo.families.base import (  # noqa: F401 - the protocol's answers it takes as they are
     BUILDS, CONSTRUCTION_DECIDES, LANGUAGE_MODEL, PRETRAINED, PUBLISHED_RESULTS, architecture_columns, preprocess,
-    read_results, results_folder, variant_name, variants, weights_tag,
+    read_results, results_folder, tokenize, variant_name, variants, weights_tag,
 )
 
 NAME = "user"
+INPUTS_RECORDED = True  # `zoo index builder --input`: the forward's inputs are the row's, not the builder's to say
 
 
 def available(patterns=()) -> list[str]:
