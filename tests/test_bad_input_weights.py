@@ -513,7 +513,7 @@ def expected_from(raw: bytes, net: nn.Module) -> dict:
 def load_or_refuse(weights, copy: bool = True):
     """materialize a fresh net, bounded in time: the net, or the zoo error with the net untouched."""
     from zoo.materialize import materialize
-    from zoo.weights.sources import specs_of
+    from zoo.weights.opening import specs_of
 
     net = fuzz_net()
     before = tensors_of(net)

@@ -12,7 +12,8 @@ from torch import nn
 
 from zoo.errors import CheckpointError
 from zoo.weights.dcp import DcpSource
-from zoo.weights.sources import Spec, open_source
+from zoo.weights.opening import open_source
+from zoo.weights.sources import Spec
 
 
 def save(state_dict, path):

@@ -126,9 +126,10 @@ def test_the_load_layer_sits_below_the_api_and_never_imports_it():
         assert not {i for i in imported if i == "zoo" or i == "zoo.api" or i.startswith("zoo.api.")}, module
 
 
-def test_no_import_cycle_runs_through_the_api_or_the_load_layer():
-    ours = {"zoo.api", "zoo.load", "zoo.state", "zoo.materialize"}
-    assert [c for c in _cycles(_import_graph()) if c & ours] == []
+def test_no_import_cycle():
+    """Anywhere in the package (lazy imports inside functions count): api and load, the weights readers and the
+    DCP reader (zoo.weights.opening picks between them), the analysis package and its kernel cache."""
+    assert _cycles(_import_graph()) == []
 
 
 def test_the_grammar_imports_neither_the_registry_nor_sqlalchemy_nor_torch():

@@ -204,7 +204,7 @@ class Zoo:
         """How a checkpoint fits a model, from the registry and the file's metadata alone (no tensor
         data read; torch is imported only for pickles)."""
         from zoo.weights.fit import fit, targets_from_table
-        from zoo.weights.sources import specs_of
+        from zoo.weights.opening import specs_of
 
         info = self.info(name, tensors=True)
         if info.tensor_table is None or info.status != "ok":

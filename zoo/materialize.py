@@ -17,7 +17,8 @@ from zoo.inspection import dtype_name
 from zoo.meta import value_of
 from zoo.state import state_of
 from zoo.weights.fit import Fit, Target, fit
-from zoo.weights.sources import SafetensorsSource, Source, open_source
+from zoo.weights.opening import open_source
+from zoo.weights.sources import SafetensorsSource, Source
 from zoo.weights.alloc import allocate, parallel, populate
 from zoo.weights.placement import leading_rows
 from zoo.weights.slots import Slot, like, slots_of

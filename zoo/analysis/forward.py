@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from zoo.analysis.inputs import tensor_leaves
-from zoo.analysis import kernel_cache
+import zoo.analysis.kernel_cache as kernel_cache
 from zoo.analysis.meters import FusedAttention
 from zoo.inspection import dtype_name
 

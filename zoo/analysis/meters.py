@@ -15,7 +15,7 @@ import torch
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from zoo.analysis import kernel_cache
+import zoo.analysis.kernel_cache as kernel_cache
 from zoo.analysis.inputs import tensor_leaves
 from zoo.errors import AnalysisTimeout
 

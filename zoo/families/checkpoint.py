@@ -54,7 +54,7 @@ def _pickle_tensors(path: Path) -> list[TensorInfo]:
     under the names materialize would load them by ({"state_dict": ...} wrappers unwrapped)."""
     import torch
 
-    from zoo.weights.sources import specs_of
+    from zoo.weights.opening import specs_of
 
     rows = []
     for name, spec in specs_of(path).items():
