@@ -12,9 +12,13 @@ import pytest
 from tests import pg
 from tests.conftest import ROOT
 
-# A test run in miniature: start a server, say where it is, wait to be killed.
+# A test run in miniature: start a server, say where it is, wait to be killed. SIGINT as a terminal's Ctrl-C
+# delivers it: a starter spawned while the test process ignores or blocks it (a job started in the background
+# of a non-interactive shell ignores it) would inherit that, and never see the signal this test sends.
 STARTER = """
-import sys, time
+import signal, sys, time
+signal.signal(signal.SIGINT, signal.default_int_handler)
+signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
 from tests import pg
 server = pg.start()
 print(server.root, server.port, flush=True)
