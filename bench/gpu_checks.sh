@@ -13,14 +13,28 @@ mkdir -p "$LOGS"
 echo "logs: $LOGS"
 
 nvidia-smi > "$LOGS/nvidia-smi.log" 2>&1 || echo "nvidia-smi failed (see $LOGS/nvidia-smi.log)"
-# --system-site-packages: a torch the machine already has is used rather than downloaded again.
-if ! { python3 -m venv --system-site-packages "$VENV" &&
-       "$VENV/bin/python" -m pip install -e '.[test,hf]' -c constraints.txt; } > "$LOGS/install.log" 2>&1; then
-    echo "install failed; the end of $LOGS/install.log:"
-    tail -n 20 "$LOGS/install.log"
-    exit 1
+if [ -d .whl ]; then
+    # Offline (the lent GPU machine reaches no package index): its own python3 already holds torch, timm,
+    # transformers and the test tools; the few packages it lacks come as wheels in .whl (bench/README.md),
+    # and the project goes in editable with no dependency resolution, since the machine's versions are not
+    # constraints.txt's. The machine is thrown away afterwards, so installing into its python3 is fine.
+    PY=python3
+    if ! { "$PY" -m pip install --no-index --no-deps --no-compile .whl/*.whl &&
+           "$PY" -m pip install --no-index --no-deps --no-build-isolation -e .; } > "$LOGS/install.log" 2>&1; then
+        echo "offline install failed; the end of $LOGS/install.log:"
+        tail -n 20 "$LOGS/install.log"
+        exit 1
+    fi
+else
+    # --system-site-packages: a torch the machine already has is used rather than downloaded again.
+    if ! { python3 -m venv --system-site-packages "$VENV" &&
+           "$VENV/bin/python" -m pip install -e '.[test,hf]' -c constraints.txt; } > "$LOGS/install.log" 2>&1; then
+        echo "install failed; the end of $LOGS/install.log:"
+        tail -n 20 "$LOGS/install.log"
+        exit 1
+    fi
+    PY="$VENV/bin/python"
 fi
-PY="$VENV/bin/python"
 "$PY" -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'available', torch.cuda.is_available(), \
 'devices', torch.cuda.device_count())" 2>&1 | tee "$LOGS/torch.log"
 
