@@ -13,7 +13,10 @@ as safetensors under $ZOO_BENCH_DIR, default /tmp/zoo_bench), file in the page c
     through /proc/self/clear_refs), over its RSS before (target: < 1 GB);
   - that zoo's tensors equal, bit for bit, those of the plain load.
 
-    .venv/bin/python bench/materialize_cuda.py [--model NAME] [--json]
+    .venv/bin/python bench/materialize_cuda.py [--model NAME] [--json] [--sweep]
+
+--sweep first times materialize(device="cuda") over reader threads x ring buffer sizes (best of 3 each),
+to choose zoo.weights.stream's defaults on the machine at hand.
 Needs a CUDA GPU; without one it says so and exits with status 2.
 """
 
@@ -74,20 +77,36 @@ def timed(fn) -> float:
     return elapsed
 
 
-def limits(path: Path) -> tuple[float, float]:
-    """(seconds to copy one pinned buffer of the file's size to the device, best of 3;
-    seconds to read the file into that buffer with one thread)."""
+def read_into(path: Path, host, threads: int) -> float:
+    """Seconds to read the whole file into the host tensor, in 16 MiB slices over `threads` threads."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from zoo.weights.sources import read_exact
+
+    step = 16 << 20
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        t = time.perf_counter()
+        with ThreadPoolExecutor(threads) as pool:
+            list(pool.map(lambda at: read_exact(fd, at, min(step, len(host) - at), host[at:at + step]),
+                          range(0, len(host), step)))
+        return time.perf_counter() - t
+    finally:
+        os.close(fd)
+
+
+def limits(path: Path) -> tuple[float, float, float]:
+    """(seconds to copy one pinned buffer of the file's size to the device, best of 3; seconds to read
+    the file into that buffer with one thread; and with as many threads as the stream uses, best of 3)."""
     import torch
+
+    from zoo.weights import stream
 
     nbytes = path.stat().st_size
     host = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
-    view = memoryview(host.numpy())
-    t = time.perf_counter()
-    with open(path, "rb", buffering=0) as f:
-        done = 0
-        while done < nbytes:
-            done += f.readinto(view[done:])
-    read = time.perf_counter() - t
+    read = read_into(path, host, 1)
+    threads = min(stream.MAX_READERS, os.cpu_count() or 1)
+    read_parallel = min(read_into(path, host, threads) for _ in range(3))
     device = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
     copies = []
     for _ in range(3):
@@ -96,10 +115,10 @@ def limits(path: Path) -> tuple[float, float]:
         device.copy_(host, non_blocking=True)
         torch.cuda.synchronize()
         copies.append(time.perf_counter() - t)
-    del host, device, view
+    del host, device
     gc.collect()
     torch.cuda.empty_cache()
-    return min(copies), read
+    return min(copies), read, read_parallel
 
 
 def peak_rss_child(name: str, path: Path) -> dict:
@@ -124,6 +143,32 @@ print(json.dumps({{'before': before, 'peak': status('VmHWM')}}))
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+def sweep(name: str) -> list[dict]:
+    """materialize(device="cuda") for each (reader threads, buffer size), best of 3: the stream's defaults
+    are module constants read at each call, set here for the sweep and restored after it."""
+    import zoo
+    from zoo.weights import stream
+
+    path = make_file(name)
+    warm(path)
+    nbytes = path.stat().st_size
+    defaults = stream.MAX_READERS, stream.BUFFER_BYTES
+    rows = []
+    try:
+        for readers in (4, 8, 12, 16):
+            for mib in (16, 32, 64):
+                stream.MAX_READERS, stream.BUFFER_BYTES = readers, mib << 20
+                zoo.get(f"timm/{name}").materialize(device="cuda", weights=str(path))  # a ring of this size
+                best = min(timed(lambda: zoo.get(f"timm/{name}").materialize(device="cuda", weights=str(path)))
+                           for _ in range(3))
+                rows.append({"readers": readers, "buffer_mib": mib, "s": best, "gb_s": nbytes / best / 1e9})
+                print(f"  sweep: {readers:2d} readers, {mib:2d} MiB buffers  {best:.3f} s  {nbytes / best / 1e9:6.2f} GB/s",
+                      flush=True)
+    finally:
+        stream.MAX_READERS, stream.BUFFER_BYTES = defaults
+    return rows
+
+
 def bench(name: str) -> dict:
     import timm
     import torch
@@ -134,7 +179,7 @@ def bench(name: str) -> dict:
     path = make_file(name)
     nbytes = path.stat().st_size
     warm(path)
-    copy_limit, read_one_thread = limits(path)
+    copy_limit, read_one_thread, read_parallel = limits(path)
     zoo.get(f"timm/{name}")  # the registry lookup and template build happen once per process
     runs = []
     for _ in range(3):
@@ -173,6 +218,7 @@ def bench(name: str) -> dict:
         "zoo_materialize_s": best, "zoo_first_call_s": runs[0], "zoo_get_materialize_s": zoo_total,
         "zoo_gb_s": nbytes / best / 1e9, "copy_limit_gb_s": nbytes / copy_limit / 1e9,
         "fraction_of_limit": copy_limit / best, "read_one_thread_gb_s": nbytes / read_one_thread / 1e9,
+        "read_parallel_gb_s": nbytes / read_parallel / 1e9, "fraction_of_parallel_read": read_parallel / best,
         "timm_pretrained_cuda_s": timm_path, "speedup_vs_timm": timm_path / zoo_total,
         "on_device_load_state_dict_s": on_device_s, "speedup_vs_on_device": on_device_s / zoo_total,
         "on_device_load_file_cuda_s": on_device_gpu_file_s, "speedup_vs_load_file_cuda": on_device_gpu_file_s / zoo_total,
@@ -185,13 +231,17 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", default="convnext_xxlarge")
     p.add_argument("--json", action="store_true")
+    p.add_argument("--sweep", action="store_true", help="first time reader threads x buffer sizes")
     args = p.parse_args()
     import torch
 
     if not torch.cuda.is_available():
         print("bench/materialize_cuda.py needs a CUDA GPU: torch.cuda.is_available() is False here", file=sys.stderr)
         sys.exit(2)
+    swept = sweep(args.model) if args.sweep else None
     r = bench(args.model)
+    if swept:
+        r["sweep"] = swept
     if args.json:
         print(json.dumps(r, indent=1))
         return
@@ -207,6 +257,8 @@ def main() -> None:
           f"(target >= 80%: {ok(r['fraction_of_limit'] >= 0.8)})")
     print(f"  file -> pinned, one thread       {r['bytes'] / r['read_one_thread_gb_s'] / 1e9:7.3f} s  "
           f"{r['read_one_thread_gb_s']:6.2f} GB/s  (for scale)")
+    print(f"  file -> pinned, stream's threads {r['bytes'] / r['read_parallel_gb_s'] / 1e9:7.3f} s  "
+          f"{r['read_parallel_gb_s']:6.2f} GB/s  zoo at {100 * r['fraction_of_parallel_read']:.0f}% (the host side's limit)")
     print(f"  zoo get + materialize(cuda)      {r['zoo_get_materialize_s']:7.3f} s")
     print(f"  timm pretrained=True + .cuda()   {r['timm_pretrained_cuda_s']:7.3f} s  zoo {r['speedup_vs_timm']:.1f}x "
           f"faster (target >= 5x: {ok(r['speedup_vs_timm'] >= 5)})")
