@@ -19,10 +19,10 @@ LAYERS = [
     ["zoo.errors", "zoo.constants", "zoo.columns", "zoo.roofline", "zoo.measured", "zoo.dtypes", "zoo.caching",
      "zoo.scoped"],
     ["zoo.query", "zoo.recipe", "zoo.state", "zoo.inspection", "zoo.structure", "zoo.model_info"],
-    ["zoo.meta", "zoo.weights", "zoo.construction"],
-    ["zoo.families"],
+    ["zoo.meta", "zoo.offline", "zoo.weights", "zoo.construction"],
+    ["zoo.families", "zoo.timm_loader"],  # the timm family records its loader arguments at index time
     ["zoo.build", "zoo.templates", "zoo.preprocess"],
-    ["zoo.analysis", "zoo.materialize", "zoo.pretrained", "zoo.timm_loader", "zoo.record"],
+    ["zoo.analysis", "zoo.materialize", "zoo.pretrained", "zoo.record"],
     ["zoo.registry"],
     ["zoo.indexer", "zoo.hub_indexer"],
     ["zoo.load"],  # weights= resolved, .materialize and the lazy load: below the api, which binds them

@@ -177,11 +177,12 @@ def test_timm_tag_with_only_a_url_loads_from_torch_hub_cache(caches, fresh_url, 
     checkpoints.mkdir(parents=True)
     shutil.move(staged, checkpoints / name)
     cfg_url = timm.models.get_pretrained_cfg(tag).url
-    add_row(fresh_url, f"timm/{tag}", "timm", tag, tag="in1k")
     from timm.models import _registry
 
-    # the stand-in cannot carry the published file's prefix: timm's registered cfg names the stand-in's file
+    # the stand-in cannot carry the published file's prefix: timm's registered cfg names the stand-in's file,
+    # from before the row is indexed (the row records timm's load arguments, this cfg among them)
     monkeypatch.setattr(_registry._model_pretrained_cfgs[tag], "url", cfg_url.rsplit("/", 1)[0] + "/" + name)
+    add_row(fresh_url, f"timm/{tag}", "timm", tag, tag="in1k")
     ours = zoo.connect(fresh_url).get(f"timm/{tag}", weights="pretrained")
     assert_bitwise(ours, timm.create_model(tag, pretrained=True))
 

@@ -7,6 +7,7 @@ import pytest
 
 timm = pytest.importorskip("timm")
 
+from tests.test_pretrained_load import assert_bitwise, caches, hub_file, safetensors_bytes, seeded_state  # noqa: E402,F401
 from zoo import timm_loader  # noqa: E402
 
 TAG = "vit_tiny_patch16_224.augreg_in21k_ft_in1k"
@@ -69,3 +70,101 @@ def test_a_record_for_another_key_or_corrupt_is_a_miss(cache, monkeypatch):
         record.write_text(text)
         monkeypatch.setattr(timm_loader, "_caught", {})
         assert timm_loader._recalled(json.dumps([timm.__version__, TAG, {}], sort_keys=True)) is None
+
+
+# --- recorded at index time --------------------------------------------------------------------------
+
+@pytest.fixture
+def indexed(fresh_url, cache):
+    """TAG and its architecture indexed as `zoo index timm` does, into a fresh registry."""
+    from zoo import indexer
+
+    indexer.index_family(fresh_url, "timm", [TAG], pretrained=True)
+    indexer.index_family(fresh_url, "timm", [TAG.split(".")[0]])
+    return fresh_url
+
+
+def test_the_index_records_what_timm_passes_to_load_pretrained(indexed):
+    import zoo
+    from timm.models.vision_transformer import checkpoint_filter_fn
+
+    caught = timm_loader._catch(TAG, {})  # timm's own call, caught from a build
+    for name in (f"timm/{TAG}", f"timm/{TAG.split('.')[0]}"):  # the tag, and the architecture whose default it is
+        recorded = zoo.connect(indexed).info(name).load_args
+        assert recorded["timm"] == timm.__version__
+        assert recorded["filter_fn"] == "timm.models.vision_transformer:checkpoint_filter_fn"
+        assert timm_loader._replayed(recorded) == {**caught, "cfg": {k: tuple(v) if isinstance(v, list) else v
+                                                                      for k, v in caught["cfg"].items()}}
+        assert timm_loader._replayed(recorded)["filter_fn"] is checkpoint_filter_fn
+
+
+def test_an_architecture_without_published_weights_records_nothing():
+    from zoo.families import timm as timm_family
+
+    cfg = timm.models.get_pretrained_cfg("botnet50ts_256")  # timm publishes no weights for it
+    assert cfg is not None and not (cfg.hf_hub_id or cfg.url)
+    assert timm_family.load_arguments("botnet50ts_256", {}) is None
+    assert timm_family.load_arguments(TAG, {})["cfg"]["hf_hub_id"] == f"timm/{TAG}"
+
+
+def _pretrained_file(hub_cache):
+    hub_file(hub_cache, f"timm/{TAG}", "model.safetensors", safetensors_bytes(seeded_state("vit_tiny_patch16_224", 7)))
+
+
+def test_a_pretrained_load_of_an_indexed_tag_builds_once(indexed, caches, monkeypatch):
+    """The row's load_args are replayed: no build to catch them, no record under $ZOO_CACHE, and the model is
+    what timm.create_model(TAG, pretrained=True) builds from the same file."""
+    import zoo
+
+    _pretrained_file(caches[0])
+    monkeypatch.setattr(timm_loader, "_catch", _no_build)
+    for name in (f"timm/{TAG}", f"timm/{TAG.split('.')[0]}"):
+        ours = zoo.connect(indexed).get(name, weights="pretrained")
+        assert_bitwise(ours, timm.create_model(TAG, pretrained=True))
+    assert timm_loader._caught == {}
+
+
+def _catches(monkeypatch) -> list:
+    caught, real_catch = [], timm_loader._catch
+    monkeypatch.setattr(timm_loader, "_catch", lambda *a: caught.append(a) or real_catch(*a))
+    return caught
+
+
+def test_other_kwargs_or_another_timm_catch_again(indexed, caches, monkeypatch):
+    """The record is for the row's own build by the timm that made it: a build with other kwargs, or a record
+    by another timm version, is caught from a build (and loads as timm does)."""
+    import zoo
+    from zoo.registry import db
+
+    _pretrained_file(caches[0])
+    caught = _catches(monkeypatch)
+    zoo.connect(indexed).get(f"timm/{TAG}", weights="pretrained", num_classes=10)
+    assert caught == [(TAG, {"num_classes": 10})]
+    with db.open_registry(indexed, write=True).begin() as con:
+        con.exec_driver_sql("UPDATE models SET load_args = replace(load_args, ?, '0.0.1')", (timm.__version__,))
+    zoo.cache_clear()
+    ours = zoo.connect(indexed).get(f"timm/{TAG}", weights="pretrained")
+    assert caught[1:] == [(TAG, {})]
+    assert_bitwise(ours, timm.create_model(TAG, pretrained=True))
+
+
+def test_a_filter_timm_builds_as_a_partial_is_recorded_and_replayed(fresh_url, cache, caches, monkeypatch):
+    """DeiT's builder passes functools.partial(checkpoint_filter_fn, ...) to load_pretrained: the record keeps
+    the function's name and the partial's keywords, and a load replays both without a build."""
+    import functools
+
+    import zoo
+    from zoo import indexer
+
+    tag = "deit_tiny_patch16_224.fb_in1k"
+    caught = timm_loader._catch(tag, {})["filter_fn"]
+    assert isinstance(caught, functools.partial) and caught.keywords  # timm's own builder made it so
+    indexer.index_family(fresh_url, "timm", [tag], pretrained=True)
+    recorded = zoo.connect(fresh_url).info(f"timm/{tag}").load_args
+    assert recorded["filter_fn"] == f"{caught.func.__module__}:{caught.func.__qualname__}"
+    assert recorded["filter_kwargs"] == caught.keywords
+    replayed = timm_loader._replayed(recorded)["filter_fn"]
+    assert (replayed.func, replayed.keywords) == (caught.func, caught.keywords)
+    hub_file(caches[0], f"timm/{tag}", "model.safetensors", safetensors_bytes(seeded_state("deit_tiny_patch16_224", 8)))
+    monkeypatch.setattr(timm_loader, "_catch", _no_build)
+    assert_bitwise(zoo.connect(fresh_url).get(f"timm/{tag}", weights="pretrained"), timm.create_model(tag, pretrained=True))

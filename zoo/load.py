@@ -150,7 +150,7 @@ class Materializer:
         if ref.kind == "pretrained":
             if key_map is not None:
                 raise InvalidArgument("weights='pretrained' maps keys as the library does: key_map does not apply")
-            source, strict = pretrained_source(state.recipe, ref.tag, self.module)
+            source, strict = pretrained_source(state.recipe, ref.tag, self.module, state.load_args)
             keys = load_into(self.module, weights=source, strict=strict, **options)
         else:
             keys = load_into(self.module, weights=ref.source, strict=strict, key_map=key_map, **options)

@@ -108,6 +108,10 @@ class ModelInfo:
     preprocess: Any | None
     """input_size, test_input_size, crop_pct, test_crop_pct, crop_mode, interpolation, mean, std (timm's pretrained
     cfg); torchvision: input_size = [3, crop], resize_size, crop_mode center, crop_pct and test sizes empty"""
+    load_args: Any | None
+    """timm: what create_model(NAME, pretrained=True) passes to load_pretrained (the pretrained cfg, num_classes,
+    in_chans, strict, the checkpoint filter as module:function) and the timm version that built it;
+    weights='pretrained' replays it instead of building the model twice"""
     card: Any | None
     """published facts beyond the metrics: paper, recipe, origin, notes"""
     metrics: Any | None

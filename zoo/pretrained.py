@@ -41,16 +41,17 @@ def published_tag(recipe, weights):
     return family(recipe.family).weights_tag(recipe.builder, weights)
 
 
-def pretrained_source(recipe, tag: str | None, module) -> tuple[Source, bool]:
+def pretrained_source(recipe, tag: str | None, module, recorded: dict | None = None) -> tuple[Source, bool]:
     """(source, strict) to load `module` (built from `recipe`, on meta) with its library's published weights.
     tag: the weights tag of a variant row (torchvision's "IMAGENET1K_V2"); None for an architecture row,
-    which gets the library's default weights (timm: create_model(name, pretrained=True); torchvision: DEFAULT)."""
+    which gets the library's default weights (timm: create_model(name, pretrained=True); torchvision: DEFAULT).
+    recorded: the row's load_args (zoo.timm_loader), used when they are for this very builder."""
     if recipe is None:
         raise InvalidArgument("weights='pretrained' needs the model's recipe: get the module with zoo.get")
     kind = family(recipe.family).PRETRAINED  # where its library publishes weights (zoo.families.base)
     if kind == "timm-cfg":  # a variant's builder is its full tag; a bare one gets the row's tag
         builder = recipe.builder if "." in recipe.builder or not tag else f"{recipe.builder}.{tag}"
-        return timm_source(builder, recipe.kwargs, module)
+        return timm_source(builder, recipe.kwargs, module, recorded if builder == recipe.builder else None)
     if kind == "weights-enum":
         return torchvision_source(recipe.builder, tag, module)
     raise InvalidArgument(f"weights='pretrained' is for timm and torchvision models, not {recipe.family} ones; "
@@ -139,8 +140,8 @@ def batchnorm_counts(source: Source, module) -> Source:
 
 # --- timm ----------------------------------------------------------------------------------------
 
-def timm_source(builder: str, kwargs: dict, module) -> tuple[Source, bool]:
-    args = timm_load_arguments(builder, kwargs)
+def timm_source(builder: str, kwargs: dict, module, recorded: dict | None = None) -> tuple[Source, bool]:
+    args = timm_load_arguments(builder, kwargs, recorded)
     cfg = args["cfg"]
     name = f"{cfg.get('architecture', builder)}.{cfg.get('tag')}" if cfg.get("tag") else builder
     # timm calls a model's own loader for custom_load weights it gets by URL (or as a hub file with

@@ -20,12 +20,15 @@ from zoo.recipe import Recipe
 # Bump when what a build records changes: every model is then rebuilt on the next index.
 RECORD_VERSION = 3  # 2: analysis columns (flops, macs, activation bytes, output shapes, scan status); 3: inputs,
 # flops_per_token, LLM fields, hf input specs
+# Bump when a row gains columns that need no new analysis: every row is rebuilt, its analysis reused (RECORD_VERSION
+# is part of the structure digest, which keys analyses; this is not). 1: load_args.
+ROW_VERSION = 1
 
 
 def source_hash(recipe: Recipe, versions: dict, variant: dict | None = None) -> str:
     """Identifies everything a build depends on; an unchanged hash means an unchanged row. A variant's
     published metadata (metrics, source, preprocessing) is part of it: new results re-record it."""
-    key = json.dumps([RECORD_VERSION, recipe.family, recipe.builder, recipe.kwargs, versions]
+    key = json.dumps([RECORD_VERSION, ROW_VERSION, recipe.family, recipe.builder, recipe.kwargs, versions]
                      + ([variant] if variant else []), sort_keys=True)
     return hashlib.sha256(key.encode()).hexdigest()
 
@@ -118,6 +121,7 @@ def record_with_build(name, recipe, trusted=None, variant=None, inputs=None, kno
         "dtype": summary.dtype, "params": summary.params, "trainable": summary.trainable,
         "buffers": summary.buffers, "tensors": summary.tensors, "param_bytes": summary.param_bytes,
         "buffer_bytes": summary.buffer_bytes, "bytes": summary.bytes, **analysis, **llm,
+        "load_args": BY_NAME["load_args"].encode(fam.load_arguments(recipe.builder, recipe.kwargs)),
     }
     too_large = _out_of_range(row, recipe.kwargs)
     if too_large:

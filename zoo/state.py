@@ -17,13 +17,16 @@ class ZooState:
     """recipe: how to rebuild the module (initialization, non-persistent buffers, published weights).
     name, url: its registry row, read when weights= names a tag recorded for it.
     tag: a variant row's weights tag (its published weights, the input size it was recorded at), else None.
-    inputs: a user builder's recorded inputs (scan and estimate run with them), else None."""
+    inputs: a user builder's recorded inputs (scan and estimate run with them), else None.
+    load_args: the row's recorded load arguments (zoo.families.base.load_arguments) where the module is the row's
+    own build (no kwargs overrides), else None."""
 
     recipe: Recipe
     name: str | None = None
     url: str | None = None
     tag: str | None = None
     inputs: list | None = None
+    load_args: dict | None = None
 
 
 def state_of(module) -> ZooState | None:

@@ -1,16 +1,19 @@
-"""timm's own arguments to load_pretrained for a model, caught once and remembered.
+"""timm's own arguments to load_pretrained for a model: recorded at index time, else caught once and remembered.
 
 What timm.create_model(builder, pretrained=True, **kwargs) passes to load_pretrained (the pretrained
 cfg, num_classes, in_chans, the model's checkpoint filter, strict) is fixed by the build. It is caught
 from a build on meta in which load_pretrained only records its arguments (for that thread's build only:
-zoo.scoped), then remembered: in this process, and under $ZOO_CACHE for the next ones (keyed by timm's
-version, so an upgrade catches again), so a first pretrained load in a process builds the model once.
+zoo.scoped). The indexer records it in the row (`load_args`, with timm's version), so a pretrained load
+of a registered model builds once; a build with other kwargs, or another timm, catches it again and
+remembers it: in this process, and under $ZOO_CACHE for the next ones (keyed by timm's version).
 A record names the filter by module and name, and is replayed only for a function of timm's own
-modules; a filter that is no such function (a partial, a closure) is caught again in each process.
+modules (or a partial of one with keyword arguments); any other filter (a closure) is caught again in
+each process.
 """
 
 import contextvars
 import copy
+import functools
 import hashlib
 import importlib
 import json
@@ -25,17 +28,33 @@ _caught: dict[str, dict] = {}  # record key -> the arguments
 register("timm loader arguments", _caught, 4096)
 
 
-def timm_load_arguments(builder: str, kwargs: dict) -> dict:
+def timm_load_arguments(builder: str, kwargs: dict, recorded: dict | None = None) -> dict:
     """A fresh copy of timm's arguments to load_pretrained for this build (no caller may change the
-    remembered cfg)."""
+    remembered cfg). recorded: the row's load_args for exactly this builder and kwargs, replayed when the
+    installed timm is the one that recorded it."""
     import timm
 
+    replayed = _replayed(recorded) if recorded and recorded.get("timm") == timm.__version__ else None
+    if replayed is not None:
+        return replayed
     key = json.dumps([timm.__version__, builder, kwargs], sort_keys=True)
     if key not in _caught:
         trim(_caught, 4096)
         _caught[key] = _recalled(key) or _remember(key, _catch(builder, kwargs))
     caught = _caught[key]
     return {**caught, "cfg": copy.deepcopy(caught["cfg"])}
+
+
+def record_for_index(builder: str, kwargs: dict) -> dict | None:
+    """The arguments as the row's load_args (JSON, with timm's version); None where the build loads no
+    weights through load_pretrained, fails, or passes a filter that cannot be named."""
+    import timm
+
+    try:
+        record = _as_record(_catch(builder, kwargs))
+    except Exception:  # the row's build is what the index reports on; this only saves a later build
+        return None
+    return None if record is None else {"timm": timm.__version__, **record}
 
 
 _RECORDING = contextvars.ContextVar("zoo_timm_load_pretrained", default=None)  # a dict while catching
@@ -59,8 +78,8 @@ def _catch(builder: str, kwargs: dict) -> dict:
     import timm
     from timm.models import _builder
 
-    from zoo.build import no_downloads
     from zoo.meta import force_meta
+    from zoo.offline import no_downloads
 
     guard(_builder, "load_pretrained", _recording)
     with scope(_RECORDING, {}) as caught, no_downloads(), force_meta():
@@ -75,21 +94,53 @@ def _record(key: str):
     return cache_dir() / "timm-loader" / (hashlib.sha256(key.encode()).hexdigest() + ".json")
 
 
-def _remember(key: str, caught: dict) -> dict:
-    """Write the record (atomically) when the filter can be named; where the cache cannot be written,
-    or a value is no JSON, only this process remembers."""
-    fn = caught["filter_fn"]
+def _as_record(caught: dict) -> dict | None:
+    """The caught arguments as JSON data, the filter as "module:qualname" (a functools.partial of one with
+    keyword arguments only, as timm's builders make them: those in "filter_kwargs"); None when the filter is
+    no such function of timm's or a value is no JSON."""
+    fn, keywords = caught["filter_fn"], {}
+    if isinstance(fn, functools.partial) and not fn.args:
+        fn, keywords = fn.func, dict(fn.keywords)
     name = None if fn is None else f"{getattr(fn, '__module__', '')}:{getattr(fn, '__qualname__', '')}"
     if name is not None and _function(name) is not fn:
-        return caught
-    record = _record(key)
+        return None
+    record = {**caught, "filter_fn": name, "filter_kwargs": keywords}
     try:
-        text = json.dumps({"key": key, **caught, "filter_fn": name})
-        record.parent.mkdir(parents=True, exist_ok=True)
-        tmp = record.with_name(f"{record.name}.{os.getpid()}.tmp")
-        tmp.write_text(text)
-        os.replace(tmp, record)
-    except (OSError, TypeError, ValueError):
+        return json.loads(json.dumps(record))
+    except (TypeError, ValueError):
+        return None
+
+
+def _replayed(record: dict) -> dict | None:
+    """The arguments from a record, or None (a field missing, or a filter that is no longer a function of
+    timm's modules)."""
+    try:
+        name = record["filter_fn"]
+        fn = None if name is None else _function(name)
+        if name is not None and fn is None:
+            return None
+        if fn is not None and record.get("filter_kwargs"):
+            fn = functools.partial(fn, **record["filter_kwargs"])
+        cfg = {k: tuple(v) if isinstance(v, list) else v for k, v in record["cfg"].items()}  # as timm has them
+        return {"cfg": cfg, "num_classes": record["num_classes"], "in_chans": record["in_chans"],
+                "filter_fn": fn, "strict": record["strict"]}
+    except (KeyError, TypeError, AttributeError, ValueError, ImportError):
+        return None
+
+
+def _remember(key: str, caught: dict) -> dict:
+    """Write the record (atomically) when it can be one; where the cache cannot be written, only this
+    process remembers."""
+    record = _as_record(caught)
+    if record is None:
+        return caught
+    path = _record(key)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps({"key": key, **record}))
+        os.replace(tmp, path)
+    except OSError:
         pass
     return caught
 
@@ -99,16 +150,9 @@ def _recalled(key: str) -> dict | None:
     is no longer a function of timm's modules)."""
     try:
         saved = json.loads(_record(key).read_text())
-        if saved.pop("key") != key:
-            return None
-        name = saved["filter_fn"]
-        saved["filter_fn"] = None if name is None else _function(name)
-        if name is not None and saved["filter_fn"] is None:
-            return None
-        saved["cfg"] = {k: tuple(v) if isinstance(v, list) else v for k, v in saved["cfg"].items()}  # as timm has them
-        return saved
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+    except (OSError, ValueError):
         return None
+    return _replayed(saved) if isinstance(saved, dict) and saved.get("key") == key else None
 
 
 def _function(name: str):

@@ -73,6 +73,10 @@ class Family(Protocol):
     def preprocess(self, info) -> dict:
         """The input preprocessing of a ModelInfo: its recorded dict, else the library's for its weights."""
 
+    def load_arguments(self, builder: str, kwargs: dict) -> dict | None:
+        """What weights="pretrained" needs beyond the module, as JSON for the row's load_args, caught at index time
+        so that a pretrained load builds once (timm: its load_pretrained arguments); None: nothing to record."""
+
 
 CONSTRUCTION_DECIDES = False
 BUILDS = True
@@ -111,6 +115,10 @@ def weights_tag(builder: str, weights) -> str | bool:
 def tokenize(name: str, text: str) -> list[int]:
     raise AnalysisError("text is scanned for a registered hf model, as its one input: "
                         "zoo.scan('hf/ORG/NAME', 'some text')")
+
+
+def load_arguments(builder: str, kwargs: dict) -> dict | None:
+    return None
 
 
 def preprocess(info) -> dict:

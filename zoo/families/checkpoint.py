@@ -7,7 +7,7 @@ from zoo.errors import CheckpointError, NotBuildable
 from zoo.inspection import TensorInfo
 from zoo.families.base import (  # noqa: F401 - the protocol's answers it takes as they are
     CONSTRUCTION_DECIDES, INPUTS_RECORDED, LANGUAGE_MODEL, PRETRAINED, PUBLISHED_RESULTS, architecture_columns,
-    preprocess, read_results, results_folder, tokenize, variant_name, variants, weights_tag,
+    load_arguments, preprocess, read_results, results_folder, tokenize, variant_name, variants, weights_tag,
 )
 from zoo.weights.sources import PICKLE_SUFFIXES
 

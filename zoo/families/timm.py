@@ -59,6 +59,19 @@ def build(builder: str, kwargs: dict):
     return timm.create_model(builder, **{**kwargs, "pretrained": False})
 
 
+def load_arguments(builder: str, kwargs: dict) -> dict | None:
+    """timm's load_pretrained arguments (zoo.timm_loader), for a tag, or an architecture whose default cfg names
+    published weights; a second meta build, at index time, that a pretrained load then skips."""
+    from timm.models import get_pretrained_cfg
+
+    cfg = get_pretrained_cfg(builder)
+    if cfg is None or not (cfg.hf_hub_id or cfg.url):
+        return None
+    from zoo.timm_loader import record_for_index
+
+    return record_for_index(builder, kwargs)
+
+
 def describe(builder: str, module, tag: str | None = None) -> dict:
     """A variant's size ("resnet50.a1_in1k") is its weights' published one, timm's cfg of the tag; an architecture's,
     the pretrained cfg its module was built with. The two agree, except where an entrypoint resolves another model's

@@ -5,7 +5,7 @@ from zoo.errors import InvalidArgument, UntrustedBuilder
 from zoo.families import torch_version
 from zoo.families.base import (  # noqa: F401 - the protocol's answers it takes as they are
     BUILDS, CONSTRUCTION_DECIDES, INPUTS_RECORDED, LANGUAGE_MODEL, PUBLISHED_RESULTS, architecture_columns,
-    read_results, results_folder, tokenize, variant_name,
+    load_arguments, read_results, results_folder, tokenize, variant_name,
 )
 
 NAME = "torchvision"

@@ -8,8 +8,8 @@ from zoo.constants import trusted_modules
 from zoo.errors import InvalidRecipe, UntrustedBuilder
 from zoo.families import torch_version
 from zoo.families.base import (  # noqa: F401 - the protocol's answers it takes as they are
-    BUILDS, CONSTRUCTION_DECIDES, LANGUAGE_MODEL, PRETRAINED, PUBLISHED_RESULTS, architecture_columns, preprocess,
-    read_results, results_folder, tokenize, variant_name, variants, weights_tag,
+    BUILDS, CONSTRUCTION_DECIDES, LANGUAGE_MODEL, PRETRAINED, PUBLISHED_RESULTS, architecture_columns,
+    load_arguments, preprocess, read_results, results_folder, tokenize, variant_name, variants, weights_tag,
 )
 
 NAME = "user"
