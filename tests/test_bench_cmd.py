@@ -144,14 +144,55 @@ def test_bad_input_is_a_typed_error_and_records_nothing(registry, indexed):
         assert proc.returncode == 1 and "no usable CUDA GPU" in proc.stderr
     with pytest.raises(zoo.SearchSyntaxError):
         benchmark.run_search(z, "bench_cpu>>1", **FEW)
-    with pytest.raises(zoo.SearchSyntaxError, match="measured field"):
-        z.search("bench_cpu>0", order_by="bench_cpu")
+    with pytest.raises(zoo.SearchSyntaxError, match="cannot sort by 'bench_gpu'"):
+        z.search("bench_cpu>0", order_by="bench_gpu")
     # the shipped registry is written only when named: refused before anything is measured
     with pytest.raises(zoo.RegistryError, match="read-only"):
         zoo.bench("timm/resnet18", registry=zoo.Zoo(), **FEW)
     with pytest.raises(zoo.RegistryError, match="read-only"):
         benchmark.run_search(zoo.Zoo(), "name~timm/resnet1*", **FEW)
     assert _runs(registry) == []
+
+
+def _best(url: str) -> dict[str, float]:
+    """Each model's best recorded CPU inference run, read from the measurements table itself."""
+    with sqlite3.connect(url.removeprefix("sqlite:///")) as con:
+        return dict(con.execute("SELECT models.name, max(samples_per_s) FROM measurements JOIN models ON models.id = "
+                                "model_id WHERE device = 'cpu' AND mode = 'infer' GROUP BY models.name"))
+
+
+def test_a_search_sorts_by_a_measured_field_best_run_first_unmeasured_last(registry):
+    z = zoo.connect(registry)
+    for name in ("user/conv", "timm/resnet18"):
+        zoo.bench(name, registry=z, **FEW)
+    # resnet18 also measured on a machine 10x faster than conv's run here (a team registry holds both): its best
+    # run sorts it first, its slowest would sort it last
+    with sqlite3.connect(registry.removeprefix("sqlite:///")) as con:
+        con.row_factory = sqlite3.Row
+        run = con.execute("SELECT measurements.* FROM measurements JOIN models ON models.id = model_id WHERE "
+                          "models.name = 'timm/resnet18'").fetchone()
+        faster = {k: run[k] for k in run.keys() if k != "id"}
+        faster.update(hardware="a faster CPU", samples_per_s=10 * _best(registry)["user/conv"])
+        con.execute(f"INSERT INTO measurements ({', '.join(faster)}) VALUES ({', '.join('?' * len(faster))})",
+                    list(faster.values()))
+    best = _best(registry)
+    fastest_first = ["timm/resnet18", "user/conv"]
+    assert sorted(best, key=best.get, reverse=True) == fastest_first
+    unmeasured = ["timm/vit_tiny_patch16_224", "timm/vit_tiny_patch16_384"]  # by name, after every measured one
+    for order, expected in (("-bench_cpu", fastest_first + unmeasured), ("bench_cpu", fastest_first[::-1] + unmeasured)):
+        through_sqlite3 = [r["name"] for r in cli_json("search", "name~*", "--sort", order, "--limit", "0",
+                                                          registry=registry)]
+        with db.session(registry) as s:
+            through_sqlalchemy = [r["name"] for r in store.search(s, "name~*", order_by=order, fields=("name",))]
+        assert through_sqlite3 == through_sqlalchemy == expected, order
+    header, first, *_ = run_cli("search", "name~*", "--sort", "-bench_cpu", registry=registry).stdout.splitlines()
+    assert header.split()[-1] == "bench_cpu" and first.split()[-1] == f"{best[fastest_first[0]]:.2f}"
+    # the static catalog's rows carry the same numbers, and its grammar knows the field
+    from zoo.web import views
+
+    index = views.catalog_index(z)
+    assert index["fields"]["bench_cpu"] == "number"
+    assert {m["name"]: m["bench_cpu"] for m in index["models"]} == {**dict.fromkeys(unmeasured), **best}
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -173,6 +214,9 @@ def test_a_team_registry_on_postgresql_collects_measurements(registry, pg_server
     t = zoo.connect(team)
     assert [r["name"] for r in t.search("bench_cpu>0", fields=("name",))] == ["timm/resnet18", "user/conv"]
     assert [r["name"] for r in t.search("bench_cpu>0 and not name~user/*", fields=("name",))] == ["timm/resnet18"]
+    best = {n: max(r["samples_per_s"] for r in benchmark.recorded_runs(t, n)) for n in ("user/conv", "timm/resnet18")}
+    assert [r["name"] for r in t.search("name~*", order_by="-bench_cpu", fields=("name",))] == [
+        *sorted(best, key=best.get, reverse=True), "timm/vit_tiny_patch16_224", "timm/vit_tiny_patch16_384"]
     runs = {n: benchmark.recorded_runs(t, n) for n in ("user/conv", "timm/resnet18")}
     assert {r["who"] for n in runs for r in runs[n]} == {benchmark.who()}
     assert benchmark.fastest(t, [*runs, "timm/vit_tiny_patch16_224"], "bench_cpu") == {

@@ -27,7 +27,7 @@ def cmd_search(zoo, args) -> int:
         print("no models match", file=sys.stderr)
         return 0
     columns = render.search_columns(args.expression, args.sort)
-    measured, cells = measured_columns(zoo, args.expression, found)  # bench_cpu, ...: best samples/s
+    measured, cells = measured_columns(zoo, args.expression, found, args.sort)  # bench_cpu, ...: best samples/s
     print(table([[*columns, *measured]] + [[*(render.cell(i, c) for c in columns), *m] for i, m in zip(found, cells)]))
     if args.limit and len(found) == args.limit:
         print(f"(first {args.limit}; --limit 0 for all)", file=sys.stderr)

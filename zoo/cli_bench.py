@@ -85,15 +85,15 @@ def measurement_rows(runs: list[dict]) -> list[list[str]]:
     return [[printable(str(c)) for c in row] for row in rows]
 
 
-def measured_columns(zoo, expression, found) -> tuple[list[str], list[list[str]]]:
-    """The search table's extra columns: for each measured field the search names, each model's best samples/s
-    (the published throughput columns show the same way, through render.search_columns)."""
+def measured_columns(zoo, expression, found, sort: str | None = None) -> tuple[list[str], list[list[str]]]:
+    """The search table's extra columns: for each measured field the search or its sort names, each model's best
+    samples/s (the published throughput columns show the same way, through render.search_columns)."""
     import re
 
     from zoo.benchmark import fastest
     from zoo.measured import MEASURED
 
-    words = set(re.findall(r"[a-z_0-9]+", expression if isinstance(expression, str) else ""))
+    words = set(re.findall(r"[a-z_0-9]+", f"{expression if isinstance(expression, str) else ''} {sort or ''}"))
     fields = [f for f in MEASURED if f in words]
     best = {f: fastest(zoo, [i.name for i in found], f) for f in fields}
     return fields, [[f"{best[f][i.name]:.2f}" if i.name in best[f] else "-" for f in fields] for i in found]

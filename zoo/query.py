@@ -44,10 +44,9 @@ _NUMBER = re.compile(
 _SUFFIXES = {"k": 10**3, "K": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "B": 10**9,  # B: billions ("7B")
              "kB": 10**3, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
              "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40}  # fmt: skip
-# What a sort may name: the columns, and the predicted fields (zoo.roofline: computed from a row's columns)
-SORTED = {**FIELDS, **dict.fromkeys(PREDICTED, "number")}
-# What a comparison may name: those, and the measured fields (zoo.measured; searched, not sorted by)
-COMPARED = {**SORTED, **dict.fromkeys(MEASURED, "number")}
+# What a search compares and sorts by: the columns, the predicted fields (zoo.roofline: computed from a row's
+# columns) and the measured ones (zoo.measured: a model's best recorded run sorts it)
+SORTED = COMPARED = {**FIELDS, **dict.fromkeys(PREDICTED, "number"), **dict.fromkeys(MEASURED, "number")}
 _FIELD_LIST = ", ".join(COMPARED)
 
 
@@ -353,6 +352,5 @@ def parse_sort(spec: str) -> tuple[str, bool]:
     name = text[1:] if descending else text
     if name.lower() not in SORTED:
         column = len(spec) - len(spec.lstrip()) + 1 + descending
-        why = " (a measured field: search by it, sort by a column)" if name.lower() in MEASURED else ""
-        raise SearchSyntaxError(f"cannot sort by {name!r}{why}: expected one of {', '.join(SORTED)}", spec, column)
+        raise SearchSyntaxError(f"cannot sort by {name!r}: expected one of {', '.join(SORTED)}", spec, column)
     return name.lower(), descending

@@ -68,6 +68,14 @@ def predicted_sql(field: str) -> str:
             f"THEN 1.0 / (CASE WHEN {compute} >= {memory} THEN {compute} ELSE {memory} END) END")
 
 
+def best_measured_sql(field: str) -> str:
+    """A measured field's sort key: the model's best recorded samples/s of that device and mode, NULL without one.
+    The device and mode are zoo.measured's names, not the user's."""
+    device, mode = MEASURED[field]
+    return (f"SELECT MAX(measurements.samples_per_s) FROM measurements WHERE measurements.model_id = models.id "
+            f"AND measurements.device = '{device}' AND measurements.mode = '{mode}'")
+
+
 def _glob(e: Compare, value: str, dialect: str, bind: Binds, prefilter) -> str:
     col = f"models.{e.field}"
 
@@ -145,6 +153,10 @@ def order_sql(order_by: str | None, dialect: str = "sqlite") -> tuple[str, str, 
     if not order_by:
         return name, "name", False
     field, descending = parse_sort(order_by)
-    key = f"({predicted_sql(field)})" if field in PREDICTED else \
-        _bytewise(f"models.{field}", dialect) if BY_NAME[field].search_type == "string" else f"models.{field}"
+    if field in PREDICTED:
+        key = f"({predicted_sql(field)})"
+    elif field in MEASURED:
+        key = f"({best_measured_sql(field)})"
+    else:
+        key = _bytewise(f"models.{field}", dialect) if BY_NAME[field].search_type == "string" else f"models.{field}"
     return f"{key} {'DESC' if descending else 'ASC'} NULLS LAST, {name}", field, descending

@@ -17,7 +17,8 @@ from zoo.errors import (
 )
 from zoo.families import family
 from zoo.model_info import ModelInfo
-from zoo.query import parse_sort
+from zoo.measured import MEASURED
+from zoo.query import COMPARED, parse_sort
 from zoo.roofline import PREDICTED, predicted
 
 # Every answer is bounded: a page of rows, a page of tensors, at most MAX_RESULTS rows behind a
@@ -188,9 +189,16 @@ def estimate(zoo: Zoo, name: str, params) -> dict:
 
 
 def catalog_index(zoo: Zoo) -> dict:
-    """Every model as a search row, with the grammar's fields: the static catalog searches this in the page."""
-    return {"fields": {**SEARCH_FIELDS, **dict.fromkeys(PREDICTED, "number")}, "columns": columns(),
-            "axes": plot_axes(), "models": [summary(i) for i in zoo.search(None, limit=None)]}
+    """Every model as a search row, with the grammar's fields: the static catalog searches this in the page. A
+    measured field (bench_cpu, ...) is each model's best recorded run, as the search compares and sorts it."""
+    from zoo.benchmark import fastest
+
+    rows = [summary(i) for i in zoo.search(None, limit=None)]
+    for field in MEASURED:
+        best = fastest(zoo, [r["name"] for r in rows], field)
+        for row in rows:
+            row[field] = best.get(row["name"])
+    return {"fields": COMPARED, "columns": columns(), "axes": plot_axes(), "models": rows}
 
 
 def error(e: Exception) -> tuple[int, dict]:
