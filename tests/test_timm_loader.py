@@ -168,3 +168,31 @@ def test_a_filter_timm_builds_as_a_partial_is_recorded_and_replayed(fresh_url, c
     hub_file(caches[0], f"timm/{tag}", "model.safetensors", safetensors_bytes(seeded_state("deit_tiny_patch16_224", 8)))
     monkeypatch.setattr(timm_loader, "_catch", _no_build)
     assert_bitwise(zoo.connect(fresh_url).get(f"timm/{tag}", weights="pretrained"), timm.create_model(tag, pretrained=True))
+
+
+@pytest.mark.parametrize("tamper", [
+    {"cfg": {"hf_hub_id": "someone/else"}},  # weights of another repository
+    {"cfg": {"url": "https://example.com/other.pth", "hf_hub_id": None}},
+    {"cfg": {"tag": "no_such_tag"}},
+    {"filter_kwargs": {"not_an_argument": 1}},  # a keyword the filter does not take
+    {"num_classes": "1000"},
+    {"cfg": None},
+])
+def test_a_row_naming_other_weights_or_malformed_is_not_replayed(indexed, caches, monkeypatch, tamper):
+    """A registry row is data: load_args that name weights timm does not register for the tag, or that are
+    malformed, are caught again from a build, and the load is timm's own."""
+    import zoo
+    from zoo.registry import db
+
+    info = zoo.connect(indexed).info(f"timm/{TAG}")
+    recorded = dict(info.load_args)
+    for key, value in tamper.items():
+        recorded[key] = {**recorded[key], **value} if isinstance(value, dict) else value
+    with db.open_registry(indexed, write=True).begin() as con:
+        con.exec_driver_sql("UPDATE models SET load_args = ? WHERE name = ?", (json.dumps(recorded), info.name))
+    zoo.cache_clear()
+    _pretrained_file(caches[0])
+    caught = _catches(monkeypatch)
+    ours = zoo.connect(indexed).get(f"timm/{TAG}", weights="pretrained")
+    assert caught == [(TAG, {})]
+    assert_bitwise(ours, timm.create_model(TAG, pretrained=True))

@@ -16,6 +16,7 @@ import copy
 import functools
 import hashlib
 import importlib
+import inspect
 import json
 import os
 
@@ -112,20 +113,42 @@ def _as_record(caught: dict) -> dict | None:
 
 
 def _replayed(record: dict) -> dict | None:
-    """The arguments from a record, or None (a field missing, or a filter that is no longer a function of
-    timm's modules)."""
+    """The arguments from a record, or None: a field missing or of another type, a filter that is no longer a
+    function of timm's modules or does not take the recorded keywords, or weights other than those timm
+    registers for the cfg's tag (a registry row is data: it must not send a pretrained load anywhere else)."""
     try:
-        name = record["filter_fn"]
+        name, keywords = record["filter_fn"], record.get("filter_kwargs") or {}
         fn = None if name is None else _function(name)
         if name is not None and fn is None:
             return None
-        if fn is not None and record.get("filter_kwargs"):
-            fn = functools.partial(fn, **record["filter_kwargs"])
+        if fn is not None and keywords:
+            inspect.signature(fn).bind_partial(**keywords)  # TypeError: a keyword it does not take
+            fn = functools.partial(fn, **keywords)
         cfg = {k: tuple(v) if isinstance(v, list) else v for k, v in record["cfg"].items()}  # as timm has them
-        return {"cfg": cfg, "num_classes": record["num_classes"], "in_chans": record["in_chans"],
-                "filter_fn": fn, "strict": record["strict"]}
+        args = {"cfg": cfg, "num_classes": record["num_classes"], "in_chans": record["in_chans"], "filter_fn": fn,
+                "strict": record["strict"]}
     except (KeyError, TypeError, AttributeError, ValueError, ImportError):
         return None
+    typed = (isinstance(args["num_classes"], int) and isinstance(args["in_chans"], int)
+             and isinstance(args["strict"], bool))
+    return args if typed and _registered_source(cfg) else None
+
+
+# The cfg keys that decide which weights timm loads (timm.models._builder._resolve_pretrained_source)
+_SOURCE_KEYS = ("source", "url", "file", "state_dict", "hf_hub_id", "hf_hub_filename", "custom_load")
+
+
+def _registered_source(cfg: dict) -> bool:
+    """Whether the cfg names the weights that timm's own registry names for its architecture and tag."""
+    from timm.models import get_pretrained_cfg
+
+    if not (isinstance(cfg.get("architecture"), str) and isinstance(cfg.get("tag"), str)):
+        return False
+    try:
+        own = get_pretrained_cfg(f"{cfg['architecture']}.{cfg['tag']}")
+    except RuntimeError:  # timm's answer for a tag it does not have
+        return False
+    return own is not None and all(cfg.get(k) == own.to_dict().get(k) for k in _SOURCE_KEYS)
 
 
 def _remember(key: str, caught: dict) -> dict:
