@@ -69,7 +69,7 @@ def test_a_record_for_another_key_or_corrupt_is_a_miss(cache, monkeypatch):
     for text in ["{", json.dumps({**json.loads(record.read_text()), "key": "another timm version"})]:
         record.write_text(text)
         monkeypatch.setattr(timm_loader, "_caught", {})
-        assert timm_loader._recalled(json.dumps([timm.__version__, TAG, {}], sort_keys=True)) is None
+        assert timm_loader._recalled(json.dumps([timm.__version__, TAG, {}], sort_keys=True), TAG, {}) is None
 
 
 # --- recorded at index time --------------------------------------------------------------------------
@@ -89,13 +89,13 @@ def test_the_index_records_what_timm_passes_to_load_pretrained(indexed):
     from timm.models.vision_transformer import checkpoint_filter_fn
 
     caught = timm_loader._catch(TAG, {})  # timm's own call, caught from a build
-    for name in (f"timm/{TAG}", f"timm/{TAG.split('.')[0]}"):  # the tag, and the architecture whose default it is
-        recorded = zoo.connect(indexed).info(name).load_args
+    for builder in (TAG, TAG.split(".")[0]):  # the tag, and the architecture whose default it is
+        recorded = zoo.connect(indexed).info(f"timm/{builder}").load_args
         assert recorded["timm"] == timm.__version__
         assert recorded["filter_fn"] == "timm.models.vision_transformer:checkpoint_filter_fn"
-        assert timm_loader._replayed(recorded) == {**caught, "cfg": {k: tuple(v) if isinstance(v, list) else v
-                                                                      for k, v in caught["cfg"].items()}}
-        assert timm_loader._replayed(recorded)["filter_fn"] is checkpoint_filter_fn
+        replayed = timm_loader._replayed(recorded, builder, {}, zoo.connect(indexed).get(f"timm/{builder}"))
+        assert replayed == {**caught, "cfg": {k: tuple(v) if isinstance(v, list) else v for k, v in caught["cfg"].items()}}
+        assert replayed["filter_fn"] is checkpoint_filter_fn
 
 
 def test_an_architecture_without_published_weights_records_nothing():
@@ -163,33 +163,49 @@ def test_a_filter_timm_builds_as_a_partial_is_recorded_and_replayed(fresh_url, c
     recorded = zoo.connect(fresh_url).info(f"timm/{tag}").load_args
     assert recorded["filter_fn"] == f"{caught.func.__module__}:{caught.func.__qualname__}"
     assert recorded["filter_kwargs"] == caught.keywords
-    replayed = timm_loader._replayed(recorded)["filter_fn"]
+    replayed = timm_loader._replayed(recorded, tag, {}, zoo.connect(fresh_url).get(f"timm/{tag}"))["filter_fn"]
     assert (replayed.func, replayed.keywords) == (caught.func, caught.keywords)
     hub_file(caches[0], f"timm/{tag}", "model.safetensors", safetensors_bytes(seeded_state("deit_tiny_patch16_224", 8)))
     monkeypatch.setattr(timm_loader, "_catch", _no_build)
     assert_bitwise(zoo.connect(fresh_url).get(f"timm/{tag}", weights="pretrained"), timm.create_model(tag, pretrained=True))
 
 
-@pytest.mark.parametrize("tamper", [
-    {"cfg": {"hf_hub_id": "someone/else"}},  # weights of another repository
-    {"cfg": {"url": "https://example.com/other.pth", "hf_hub_id": None}},
-    {"cfg": {"tag": "no_such_tag"}},
-    {"filter_kwargs": {"not_an_argument": 1}},  # a keyword the filter does not take
-    {"num_classes": "1000"},
-    {"cfg": None},
-])
+def _in21k_cfg(record):
+    """The cfg of another tag that timm registers for the same architecture (other weights, another head)."""
+    return {**record, "cfg": json.loads(json.dumps(timm.models.get_pretrained_cfg(
+        "vit_tiny_patch16_224.augreg_in21k").to_dict()))}
+
+
+TAMPERED = {  # a registry row's load_args, changed: each is refused, and the load is caught from a build
+    "another repository": lambda r: {**r, "cfg": {**r["cfg"], "hf_hub_id": "someone/else"}},
+    "another URL": lambda r: {**r, "cfg": {**r["cfg"], "url": "https://example.com/other.pth", "hf_hub_id": None}},
+    "a tag timm lacks": lambda r: {**r, "cfg": {**r["cfg"], "tag": "no_such_tag"}},
+    "another tag's whole cfg": _in21k_cfg,
+    "another class count": lambda r: {**r, "num_classes": 10},
+    "a string for the class count": lambda r: {**r, "num_classes": "1000"},
+    "a looser load": lambda r: {**r, "strict": False},
+    "timm code that is no filter": lambda r: {**r, "filter_fn": "timm.utils.summary:update_summary",
+                                               "filter_kwargs": {"filename": "/tmp/zoo-never-written"}},
+    "another model's filter": lambda r: {**r, "filter_fn": "timm.models.resnet:_create_resnet"},
+    "a keyword the filter does not take": lambda r: {**r, "filter_kwargs": {"not_an_argument": 1}},
+    "a keyword that is the filter's own first argument": lambda r: {**r, "filter_kwargs": {"state_dict": {}}},
+    "no cfg": lambda r: {**r, "cfg": None},
+    "not an object": lambda r: [1],
+}
+
+
+@pytest.mark.parametrize("tamper", list(TAMPERED))
 def test_a_row_naming_other_weights_or_malformed_is_not_replayed(indexed, caches, monkeypatch, tamper):
-    """A registry row is data: load_args that name weights timm does not register for the tag, or that are
-    malformed, are caught again from a build, and the load is timm's own."""
+    """A registry row is data: load_args that name weights timm does not register for the builder, numbers timm
+    would not pass, code that is no filter of the model's, or a malformed record are caught again from a build,
+    and the load is timm's own."""
     import zoo
     from zoo.registry import db
 
     info = zoo.connect(indexed).info(f"timm/{TAG}")
-    recorded = dict(info.load_args)
-    for key, value in tamper.items():
-        recorded[key] = {**recorded[key], **value} if isinstance(value, dict) else value
     with db.open_registry(indexed, write=True).begin() as con:
-        con.exec_driver_sql("UPDATE models SET load_args = ? WHERE name = ?", (json.dumps(recorded), info.name))
+        con.exec_driver_sql("UPDATE models SET load_args = ? WHERE name = ?",
+                            (json.dumps(TAMPERED[tamper](dict(info.load_args))), info.name))
     zoo.cache_clear()
     _pretrained_file(caches[0])
     caught = _catches(monkeypatch)

@@ -92,8 +92,10 @@ def measured_columns(zoo, expression, found, sort: str | None = None) -> tuple[l
 
     from zoo.benchmark import fastest
     from zoo.measured import MEASURED
+    from zoo.query import parse_sort
 
-    words = set(re.findall(r"[a-z_0-9]+", f"{expression if isinstance(expression, str) else ''} {sort or ''}"))
+    words = set(re.findall(r"[a-z_0-9]+", expression.lower() if isinstance(expression, str) else ""))
+    words |= {parse_sort(sort)[0]} if sort else set()  # the field as the search read it: -BENCH_CPU too
     fields = [f for f in MEASURED if f in words]
     best = {f: fastest(zoo, [i.name for i in found], f) for f in fields}
     return fields, [[f"{best[f][i.name]:.2f}" if i.name in best[f] else "-" for f in fields] for i in found]

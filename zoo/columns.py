@@ -125,8 +125,9 @@ COLUMNS: tuple[Column, ...] = (
            "mean, std (timm's pretrained cfg); torchvision: input_size = [3, crop], resize_size, crop_mode center, "
            "crop_pct and test sizes empty"),
     Column("load_args", "json", "timm: what create_model(NAME, pretrained=True) passes to load_pretrained (the "
-           "pretrained cfg, num_classes, in_chans, strict, the checkpoint filter as module:function) and the timm "
-           "version that built it; weights='pretrained' replays it instead of building the model twice"),
+           "pretrained cfg, num_classes, in_chans, strict, the checkpoint filter as module:function with its "
+           "filter_kwargs) and the timm version that caught it; weights='pretrained' replays it, where it is what "
+           "timm would pass, instead of building the model twice"),
     Column("card", "json", "published facts beyond the metrics: paper, recipe, origin, notes"),
     Column("metrics", "json", "every published metric, {dataset: {metric: value}}"),
     Column("top1", "float", "top-1 accuracy on ImageNet-1k validation, as published", indexed=True,

@@ -110,8 +110,9 @@ class ModelInfo:
     cfg); torchvision: input_size = [3, crop], resize_size, crop_mode center, crop_pct and test sizes empty"""
     load_args: Any | None
     """timm: what create_model(NAME, pretrained=True) passes to load_pretrained (the pretrained cfg, num_classes,
-    in_chans, strict, the checkpoint filter as module:function) and the timm version that built it;
-    weights='pretrained' replays it instead of building the model twice"""
+    in_chans, strict, the checkpoint filter as module:function with its filter_kwargs) and the timm version that
+    caught it; weights='pretrained' replays it, where it is what timm would pass, instead of building the model
+    twice"""
     card: Any | None
     """published facts beyond the metrics: paper, recipe, origin, notes"""
     metrics: Any | None

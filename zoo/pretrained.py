@@ -141,7 +141,7 @@ def batchnorm_counts(source: Source, module) -> Source:
 # --- timm ----------------------------------------------------------------------------------------
 
 def timm_source(builder: str, kwargs: dict, module, recorded: dict | None = None) -> tuple[Source, bool]:
-    args = timm_load_arguments(builder, kwargs, recorded)
+    args = timm_load_arguments(builder, kwargs, recorded, module)
     cfg = args["cfg"]
     name = f"{cfg.get('architecture', builder)}.{cfg.get('tag')}" if cfg.get("tag") else builder
     # timm calls a model's own loader for custom_load weights it gets by URL (or as a hub file with

@@ -6,9 +6,9 @@ from a build on meta in which load_pretrained only records its arguments (for th
 zoo.scoped). The indexer records it in the row (`load_args`, with timm's version), so a pretrained load
 of a registered model builds once; a build with other kwargs, or another timm, catches it again and
 remembers it: in this process, and under $ZOO_CACHE for the next ones (keyed by timm's version).
-A record names the filter by module and name, and is replayed only for a function of timm's own
-modules (or a partial of one with keyword arguments); any other filter (a closure) is caught again in
-each process.
+A record names the filter by module and name (a partial of one: with its keywords); a closure cannot be
+named and is caught again in each process. A record, the row's or the cache's, is data: it is replayed
+only where it is what timm would pass (_replayed), never naming weights or code timm would not use.
 """
 
 import contextvars
@@ -29,19 +29,20 @@ _caught: dict[str, dict] = {}  # record key -> the arguments
 register("timm loader arguments", _caught, 4096)
 
 
-def timm_load_arguments(builder: str, kwargs: dict, recorded: dict | None = None) -> dict:
+def timm_load_arguments(builder: str, kwargs: dict, recorded: dict | None = None, model=None) -> dict:
     """A fresh copy of timm's arguments to load_pretrained for this build (no caller may change the
     remembered cfg). recorded: the row's load_args for exactly this builder and kwargs, replayed when the
-    installed timm is the one that recorded it."""
+    installed timm recorded them and they pass _replayed's checks; model: the meta module they are for."""
     import timm
 
-    replayed = _replayed(recorded) if recorded and recorded.get("timm") == timm.__version__ else None
-    if replayed is not None:
-        return replayed
+    if isinstance(recorded, dict) and recorded.get("timm") == timm.__version__:
+        replayed = _replayed(recorded, builder, kwargs, model)
+        if replayed is not None:
+            return replayed
     key = json.dumps([timm.__version__, builder, kwargs], sort_keys=True)
     if key not in _caught:
         trim(_caught, 4096)
-        _caught[key] = _recalled(key) or _remember(key, _catch(builder, kwargs))
+        _caught[key] = _recalled(key, builder, kwargs, model) or _remember(key, _catch(builder, kwargs))
     caught = _caught[key]
     return {**caught, "cfg": copy.deepcopy(caught["cfg"])}
 
@@ -112,43 +113,51 @@ def _as_record(caught: dict) -> dict | None:
         return None
 
 
-def _replayed(record: dict) -> dict | None:
-    """The arguments from a record, or None: a field missing or of another type, a filter that is no longer a
-    function of timm's modules or does not take the recorded keywords, or weights other than those timm
-    registers for the cfg's tag (a registry row is data: it must not send a pretrained load anywhere else)."""
-    try:
-        name, keywords = record["filter_fn"], record.get("filter_kwargs") or {}
-        fn = None if name is None else _function(name)
-        if name is not None and fn is None:
-            return None
-        if fn is not None and keywords:
-            inspect.signature(fn).bind_partial(**keywords)  # TypeError: a keyword it does not take
-            fn = functools.partial(fn, **keywords)
-        cfg = {k: tuple(v) if isinstance(v, list) else v for k, v in record["cfg"].items()}  # as timm has them
-        args = {"cfg": cfg, "num_classes": record["num_classes"], "in_chans": record["in_chans"], "filter_fn": fn,
-                "strict": record["strict"]}
-    except (KeyError, TypeError, AttributeError, ValueError, ImportError):
-        return None
-    typed = (isinstance(args["num_classes"], int) and isinstance(args["in_chans"], int)
-             and isinstance(args["strict"], bool))
-    return args if typed and _registered_source(cfg) else None
-
-
-# The cfg keys that decide which weights timm loads (timm.models._builder._resolve_pretrained_source)
-_SOURCE_KEYS = ("source", "url", "file", "state_dict", "hf_hub_id", "hf_hub_filename", "custom_load")
-
-
-def _registered_source(cfg: dict) -> bool:
-    """Whether the cfg names the weights that timm's own registry names for its architecture and tag."""
+def _replayed(record: dict, builder: str, kwargs: dict, model=None) -> dict | None:
+    """The arguments from a record where they are what timm.create_model(builder, pretrained=True, **kwargs) passes
+    for `model`, else None. A record (a registry row, a cache file) is data, so it is checked against all that is
+    known without a build: the cfg is timm's own for the builder (so the weights are the ones timm names), the
+    class count and channels are what timm derives, strict is timm's default, and the filter is a checkpoint
+    filter of the model's own modules that takes the recorded keywords. Anything else is caught from a build."""
     from timm.models import get_pretrained_cfg
 
-    if not (isinstance(cfg.get("architecture"), str) and isinstance(cfg.get("tag"), str)):
+    try:
+        own = json.loads(json.dumps(get_pretrained_cfg(builder).to_dict()))
+    except (RuntimeError, AttributeError, TypeError, ValueError):  # a builder timm lacks, a cfg that is no JSON
+        return None
+    classes = own.get("num_classes")
+    if model is not None:  # as timm's build_model_with_cfg derives the count it passes
+        classes = 0 if kwargs.get("features_only") else getattr(model, "num_classes", kwargs.get("num_classes", 1000))
+    numbers = (record.get("num_classes"), record.get("in_chans"), record.get("strict"))
+    if record.get("cfg") != own or numbers != (classes, kwargs.get("in_chans", 3), True):
+        return None
+    fn = _filter(record.get("filter_fn"), record.get("filter_kwargs") or {}, builder, model)
+    if fn is False:
+        return None
+    cfg = {k: tuple(v) if isinstance(v, list) else v for k, v in own.items()}  # as timm has them
+    return {"cfg": cfg, "num_classes": classes, "in_chans": kwargs.get("in_chans", 3), "filter_fn": fn, "strict": True}
+
+
+def _filter(name, keywords, builder: str, model):
+    """The recorded filter: None for none, False where refused. It must be a function with "filter" in its name,
+    of the module timm registers the model's entrypoint in or of a module defining one of the model's classes,
+    and take the keywords after its (state_dict, model) parameters; so a record can name no other timm code."""
+    from timm.models import model_entrypoint
+
+    if name is None:
+        return False if keywords else None
+    if not isinstance(name, str) or not isinstance(keywords, dict):
         return False
     try:
-        own = get_pretrained_cfg(f"{cfg['architecture']}.{cfg['tag']}")
-    except RuntimeError:  # timm's answer for a tag it does not have
+        owners = {model_entrypoint(builder.split(".")[0]).__module__}
+    except RuntimeError:  # timm has no such model
         return False
-    return own is not None and all(cfg.get(k) == own.to_dict().get(k) for k in _SOURCE_KEYS)
+    owners |= {c.__module__ for c in type(model).__mro__} if model is not None else set()
+    module, _, qualname = name.partition(":")
+    fn = _function(name) if module in owners and "filter" in qualname.lower() else None
+    if fn is None or not set(keywords) <= set(list(inspect.signature(fn).parameters)[2:]):
+        return False
+    return functools.partial(fn, **keywords) if keywords else fn
 
 
 def _remember(key: str, caught: dict) -> dict:
@@ -168,14 +177,13 @@ def _remember(key: str, caught: dict) -> dict:
     return caught
 
 
-def _recalled(key: str) -> dict | None:
-    """The remembered arguments, or None (no record, another key, an unreadable one, or a filter that
-    is no longer a function of timm's modules)."""
+def _recalled(key: str, builder: str, kwargs: dict, model=None) -> dict | None:
+    """The remembered arguments, or None (no record, another key, an unreadable one, or one _replayed refuses)."""
     try:
         saved = json.loads(_record(key).read_text())
     except (OSError, ValueError):
         return None
-    return _replayed(saved) if isinstance(saved, dict) and saved.get("key") == key else None
+    return _replayed(saved, builder, kwargs, model) if isinstance(saved, dict) and saved.get("key") == key else None
 
 
 def _function(name: str):
