@@ -13,7 +13,10 @@ mkdir -p "$LOGS"
 echo "logs: $LOGS"
 
 nvidia-smi > "$LOGS/nvidia-smi.log" 2>&1 || echo "nvidia-smi failed (see $LOGS/nvidia-smi.log)"
-if [ -d .whl ]; then
+if [ -d .whl ] && ! compgen -G ".whl/*.whl" > /dev/null; then
+    echo ".whl/ holds no wheels: put the packages this machine's python3 lacks there (bench/README.md)"
+    exit 1
+elif [ -d .whl ]; then
     # Offline (the lent GPU machine reaches no package index): its own python3 already holds torch, timm,
     # transformers and the test tools; the few packages it lacks come as wheels in .whl (bench/README.md),
     # and the project goes in editable with no dependency resolution, since the machine's versions are not
