@@ -162,7 +162,8 @@ def sweep(name: str) -> list[dict]:
                 best = min(timed(lambda: zoo.get(f"timm/{name}").materialize(device="cuda", weights=str(path)))
                            for _ in range(3))
                 rows.append({"readers": readers, "buffer_mib": mib, "s": best, "gb_s": nbytes / best / 1e9})
-                print(f"  sweep: {readers:2d} readers, {mib:2d} MiB buffers  {best:.3f} s  {nbytes / best / 1e9:6.2f} GB/s",
+                print(f"  sweep: {readers:2d} readers, {mib:2d} MiB buffers  {best:.3f} s  "
+                      f"{nbytes / best / 1e9:6.2f} GB/s",
                       flush=True)
     finally:
         stream.MAX_READERS, stream.BUFFER_BYTES = defaults

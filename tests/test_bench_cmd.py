@@ -179,7 +179,8 @@ def test_a_search_sorts_by_a_measured_field_best_run_first_unmeasured_last(regis
     fastest_first = ["timm/resnet18", "user/conv"]
     assert sorted(best, key=best.get, reverse=True) == fastest_first
     unmeasured = ["timm/vit_tiny_patch16_224", "timm/vit_tiny_patch16_384"]  # by name, after every measured one
-    for order, expected in (("-bench_cpu", fastest_first + unmeasured), ("bench_cpu", fastest_first[::-1] + unmeasured)):
+    for order, expected in (("-bench_cpu", fastest_first + unmeasured),
+                            ("bench_cpu", fastest_first[::-1] + unmeasured)):
         through_sqlite3 = [r["name"] for r in cli_json("search", "name~*", "--sort", order, "--limit", "0",
                                                           registry=registry)]
         with db.session(registry) as s:
