@@ -41,6 +41,19 @@ def test_caught_once_then_replayed_by_a_later_process_without_a_build(cache, mon
     assert again["cfg"] is not first["cfg"]
 
 
+def test_a_model_timm_loads_loosely_is_remembered_too(cache, monkeypatch):
+    """dla46_c: timm's builder passes strict=False, which a registry row cannot prove (only a build tells); zoo's
+    own record under $ZOO_CACHE is taken as it is, so a later process still builds once."""
+    first = timm_loader.timm_load_arguments("dla46_c", {})
+    assert first["strict"] is False  # timm's own value for this model
+    monkeypatch.setattr(timm_loader, "_caught", {})
+    monkeypatch.setattr(timm_loader, "_catch", _no_build)
+    assert timm_loader.timm_load_arguments("dla46_c", {}) == first
+    record = json.loads(next((cache / "timm-loader").glob("*.json")).read_text())
+    assert timm_loader._replayed(record, "dla46_c", {}, own_cache=True)["strict"] is False
+    assert timm_loader._replayed(record, "dla46_c", {}) is None  # the same record in a registry row: refused
+
+
 def test_kwargs_are_part_of_what_is_remembered(cache):
     assert timm_loader.timm_load_arguments(TAG, {})["in_chans"] == 3
     assert timm_loader.timm_load_arguments(TAG, {"in_chans": 1})["in_chans"] == 1

@@ -46,7 +46,7 @@ _SUFFIXES = {"k": 10**3, "K": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "B": 1
              "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40}  # fmt: skip
 # What a search compares and sorts by: the columns, the predicted fields (zoo.roofline: computed from a row's
 # columns) and the measured ones (zoo.measured: a model's best recorded run sorts it)
-SORTED = COMPARED = {**FIELDS, **dict.fromkeys(PREDICTED, "number"), **dict.fromkeys(MEASURED, "number")}
+COMPARED = {**FIELDS, **dict.fromkeys(PREDICTED, "number"), **dict.fromkeys(MEASURED, "number")}
 _FIELD_LIST = ", ".join(COMPARED)
 
 
@@ -350,7 +350,7 @@ def parse_sort(spec: str) -> tuple[str, bool]:
     text = spec.strip()
     descending = text.startswith("-")
     name = text[1:] if descending else text
-    if name.lower() not in SORTED:
+    if name.lower() not in COMPARED:
         column = len(spec) - len(spec.lstrip()) + 1 + descending
-        raise SearchSyntaxError(f"cannot sort by {name!r}: expected one of {', '.join(SORTED)}", spec, column)
+        raise SearchSyntaxError(f"cannot sort by {name!r}: expected one of {', '.join(COMPARED)}", spec, column)
     return name.lower(), descending

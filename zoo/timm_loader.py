@@ -113,12 +113,15 @@ def _as_record(caught: dict) -> dict | None:
         return None
 
 
-def _replayed(record: dict, builder: str, kwargs: dict, model=None) -> dict | None:
+def _replayed(record: dict, builder: str, kwargs: dict, model=None, own_cache: bool = False) -> dict | None:
     """The arguments from a record where they are what timm.create_model(builder, pretrained=True, **kwargs) passes
     for `model`, else None. A record (a registry row, a cache file) is data, so it is checked against all that is
     known without a build: the cfg is timm's own for the builder (so the weights are the ones timm names), the
     class count and channels are what timm derives, strict is timm's default, and the filter is a checkpoint
-    filter of the model's own modules that takes the recorded keywords. Anything else is caught from a build."""
+    filter of the model's own modules that takes the recorded keywords. Anything else is caught from a build.
+    own_cache: zoo's own record under $ZOO_CACHE (trusted there as its hash checks are), whose strictness, which
+    only a build can tell, is taken as recorded: models timm loads with strict=False build once per cache, not
+    once per process."""
     from timm.models import get_pretrained_cfg
 
     try:
@@ -128,14 +131,17 @@ def _replayed(record: dict, builder: str, kwargs: dict, model=None) -> dict | No
     classes = own.get("num_classes")
     if model is not None:  # as timm's build_model_with_cfg derives the count it passes
         classes = 0 if kwargs.get("features_only") else getattr(model, "num_classes", kwargs.get("num_classes", 1000))
-    numbers = (record.get("num_classes"), record.get("in_chans"), record.get("strict"))
-    if record.get("cfg") != own or numbers != (classes, kwargs.get("in_chans", 3), True):
+    strict = record.get("strict")
+    if not (strict is True or (own_cache and strict is False)):
+        return None
+    in_chans = kwargs.get("in_chans", 3)
+    if record.get("cfg") != own or (record.get("num_classes"), record.get("in_chans")) != (classes, in_chans):
         return None
     fn = _filter(record.get("filter_fn"), record.get("filter_kwargs") or {}, builder, model)
     if fn is False:
         return None
     cfg = {k: tuple(v) if isinstance(v, list) else v for k, v in own.items()}  # as timm has them
-    return {"cfg": cfg, "num_classes": classes, "in_chans": kwargs.get("in_chans", 3), "filter_fn": fn, "strict": True}
+    return {"cfg": cfg, "num_classes": classes, "in_chans": in_chans, "filter_fn": fn, "strict": strict}
 
 
 def _filter(name, keywords, builder: str, model):
@@ -183,7 +189,9 @@ def _recalled(key: str, builder: str, kwargs: dict, model=None) -> dict | None:
         saved = json.loads(_record(key).read_text())
     except (OSError, ValueError):
         return None
-    return _replayed(saved, builder, kwargs, model) if isinstance(saved, dict) and saved.get("key") == key else None
+    if not (isinstance(saved, dict) and saved.get("key") == key):
+        return None
+    return _replayed(saved, builder, kwargs, model, own_cache=True)
 
 
 def _function(name: str):
