@@ -111,6 +111,8 @@ def test_accuracy_under_a_measured_speed_is_searchable_on_both_backends(backend)
 def test_cli_search_and_fields_name_the_new_fields():
     out = run_cli("search", "top1>83 and infer_4090_amp>3000", "--sort", "-top1", registry=str(SHIPPED)).stdout
     assert out.splitlines()[0].split()[:3] == ["name", "top1", "infer_4090_amp"]
+    shouted = run_cli("search", "TOP1>83 and Infer_4090_AMP>3000", "--sort", "-Top1", registry=str(SHIPPED)).stdout
+    assert shouted == out  # field names ignore case in the search, so they do in the columns it shows
     fields = run_cli("search", "--fields").stdout
     for name, words in (("test_top1", "test_input_size"), ("test_flops", "FLOPs"), ("pretrain", "pretrained"),
                         ("infer_4090_amp", "RTX 4090"), ("infer_4090_amp_batch", "batch size"),

@@ -95,7 +95,8 @@ def search_columns(expression, sort: str | None = None) -> tuple[str, ...]:
 
     from zoo.columns import COLUMNS
 
-    words = set(re.findall(r"[a-z_0-9]+", f"{expression if isinstance(expression, str) else ''} {sort or ''}"))
+    text = f"{expression if isinstance(expression, str) else ''} {sort or ''}".lower()  # field names ignore case
+    words = set(re.findall(r"[a-z_0-9]+", text))
     from zoo.roofline import PREDICTED
 
     named = [c.name for c in COLUMNS if c.searchable and c.search_type == "number" and c.name in words
