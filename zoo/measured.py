@@ -1,8 +1,9 @@
 """Search fields over the throughput that `zoo bench` measured (the measurements table), beside the columns.
 
-A measured field compares a model's recorded measurements, not a column: `bench_cpu>100` matches a model that
-some recorded inference run on a CPU did at more than 100 samples/s (any CPU model, dtype, batch or
-settings; `zoo show NAME` lists each with its hardware, mode, who and when). A model without such a
+A measured field compares a model's recorded measurements, not a column: its best one. `bench_cpu>100` matches
+a model that some recorded inference run on a CPU did at more than 100 samples/s (any CPU model, dtype, batch
+or settings; `zoo show NAME` lists each with its hardware, mode, who and when), and `bench_cpu<100` one whose
+every run was slower: the number the search shows in its column and sorts by. A model without such a
 measurement does not match, and `not bench_cpu>100` matches it, as a missing column value does.
 
 Pure data: importing it imports neither torch nor SQLAlchemy.
@@ -23,5 +24,5 @@ def doc(field: str) -> str:
     device, mode = MEASURED[field]
     what = "inference" if mode == "infer" else "training steps (forward, loss, backward, optimizer step)"
     where = "a CPU" if device == "cpu" else "a CUDA GPU"
-    return (f"measured by `zoo bench{' --train' if mode == 'train' else ''}`: {what} on {where}, any recorded "
+    return (f"measured by `zoo bench{' --train' if mode == 'train' else ''}`: {what} on {where}, the best recorded "
             f"run (any hardware model, dtype, batch); `zoo show` lists them")

@@ -115,13 +115,10 @@ def _compile(e: Expr, negate: bool, depth: int, seen: list[int], dialect: str, b
     if seen[0] > MAX_COMPARISONS:
         raise SearchSyntaxError(f"too many comparisons: at most {MAX_COMPARISONS}")
     value = check(e.field, e.op, e.value)
-    if e.field in MEASURED:  # any of the model's measurements of that device and mode (zoo.measured)
-        device, mode = MEASURED[e.field]
-        cond = (f"EXISTS (SELECT 1 FROM measurements WHERE measurements.model_id = models.id AND measurements.device"
-                f" = {bind(device)} AND measurements.mode = {bind(mode)} AND measurements.samples_per_s {e.op} "
-                f"{bind(float(value))})")
-    elif e.field in PREDICTED:  # false, not NULL, where the row lacks the numbers: `not` takes those rows
-        cond = f"CASE WHEN ({predicted_sql(e.field)}) {e.op} {bind(float(value))} THEN TRUE ELSE FALSE END"
+    if e.field in MEASURED or e.field in PREDICTED:  # false, not NULL, where the row lacks a number: `not` takes it
+        # a measured field compares the model's best run, the number its column shows and its sort orders by
+        key = best_measured_sql(e.field) if e.field in MEASURED else predicted_sql(e.field)
+        cond = f"CASE WHEN ({key}) {e.op} {bind(float(value))} THEN TRUE ELSE FALSE END"
     else:
         col = f"models.{e.field}"
         if e.op == "~":
