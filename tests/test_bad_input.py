@@ -85,6 +85,31 @@ def test_9_replacing_a_model_with_another_builder_drops_its_weights_tags(writabl
     assert registry.info("user/tied").weights == []  # and "constructor" was shipped_weights_net's
 
 
+def test_a_tag_file_swapped_after_its_check_is_refused_not_loaded(writable, tmp_path, monkeypatch):
+    """The race the sha256 check must not lose: the file is checked, then replaced (os.replace, as a save
+    does) before the load opens it. The open file is checked again, so the swapped-in values never load."""
+    from tests.builders import tied_net
+    from zoo.weights import digest
+
+    registry = zoo.connect(writable)
+    path = _tied_weights(tmp_path)
+    registry.add_weights("user/tied", path, tag="v1")
+    other = tmp_path / "other.safetensors"
+    save_file({k: v + 1 for k, v in tied_net().state_dict().items() if k != "head.weight"}, str(other))
+    check = digest.verify
+
+    def check_then_swap(*args):
+        check(*args)
+        if other.exists():
+            os.replace(other, path)
+
+    monkeypatch.setattr(digest, "verify", check_then_swap)
+    m = registry.get("user/tied")
+    with pytest.raises(CheckpointError, match="differs from the recorded"):
+        m.materialize(weights="v1")
+    assert all(t.is_meta for t in m.state_dict().values())
+
+
 # --- 10. a name is never replaced silently; the standard library is no builder ------------------
 
 def test_10_another_familys_model_is_not_replaced_without_force(writable, tmp_path):

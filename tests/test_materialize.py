@@ -8,7 +8,7 @@ import torch
 from safetensors.torch import save_file
 
 import zoo
-from zoo.errors import CheckpointError, WeightsMismatch
+from zoo.errors import CheckpointError, InvalidArgument, WeightsMismatch
 
 ROUND_TRIP = ["timm/resnet18", "timm/swin_tiny_patch4_window7_224", "timm/vit_tiny_patch16_224",
               "torchvision/mobilenet_v3_small", "torchvision/resnet18", "user/tied"]
@@ -216,6 +216,59 @@ def test_a_shard_that_shrinks_mid_load_leaves_the_module_on_meta(zoo_at, tmp_pat
     assert _still_meta(m)
 
 
+def test_the_default_load_maps_the_file_and_copy_true_owns_its_memory(zoo_at, tmp_path):
+    """Same dtype on CPU: every tensor is a view of a private mapping of the file, each with a storage of its
+    own; copy=True: none is. Each load keeps no descriptor open (a process that loads many models would run
+    out), and writing to a mapped tensor never reaches the file."""
+    path = save(tmp_path, eager_model("timm/resnet18"))
+    models = [zoo_at.get("timm/resnet18").materialize(weights=path)]  # the registry's connection opened
+    before = os.listdir("/proc/self/fd")
+    models += [zoo_at.get("timm/resnet18").materialize(weights=path) for _ in range(2)]
+    assert len(os.listdir("/proc/self/fd")) == len(before)
+    ranges = _mappings_of(path)
+    for m in models:
+        state = m.state_dict()
+        for name, t in state.items():
+            if t.dtype == torch.float32:  # the file's dtype: mapped
+                assert any(lo <= t.data_ptr() < hi for lo, hi in ranges), name
+        assert len({t.untyped_storage().data_ptr() for t in state.values()}) == len(state)
+    with open(path, "rb") as f:
+        on_disk = f.read()
+    with torch.no_grad():
+        models[0].fc.weight.add_(1)
+    with open(path, "rb") as f:
+        assert f.read() == on_disk
+    owned = zoo_at.get("timm/resnet18").materialize(weights=path, copy=True)
+    ranges = _mappings_of(path)
+    assert not any(lo <= t.data_ptr() < hi for t in owned.state_dict().values() for lo, hi in ranges)
+    del models, m, state, t
+    import gc
+
+    gc.collect()
+    assert _mappings_of(path) == []  # unmapped with the last tensor over it
+
+
+def test_a_file_rewritten_after_it_was_opened_is_refused_before_it_is_mapped(zoo_at, tmp_path):
+    """The same size, other bytes (a save over the same path, in place): the views would show the new
+    values under the old header's check. Refused, and the module stays on meta."""
+    import time
+
+    from zoo.weights.sources import SafetensorsSource
+
+    path = save(tmp_path, eager_model("timm/resnet18"))
+    for copy in (None, True):
+        source = SafetensorsSource([tmp_path / "w.safetensors"])
+        time.sleep(0.02)  # past the file system's timestamp granularity
+        with open(path, "r+b") as f:
+            f.seek(-4, os.SEEK_END)
+            f.write(b"\x01\x02\x03\x04")
+        m = zoo_at.get("timm/resnet18")
+        with pytest.raises(CheckpointError, match="written while it was being loaded"):
+            m.materialize(weights=source, copy=copy)
+        assert _still_meta(m)
+        source.close()
+
+
 def test_a_pickle_with_code_is_refused_and_never_runs(zoo_at, tmp_path):
     marker = tmp_path / "ran"
 
@@ -284,6 +337,18 @@ def test_zero_copy_views_of_the_mapped_file(zoo_at, tmp_path):
     with torch.no_grad():
         m.fc.weight.zero_()  # copy-on-write: the file never changes
     assert open(path, "rb").read() == before
+
+
+def test_copy_false_refuses_what_it_would_copy_before_allocating(zoo_at, tmp_path):
+    """copy=False insists on views: a cast or a pickle would be copied, so it is refused and nothing loads."""
+    eager = eager_model("timm/resnet18")
+    pickled = tmp_path / "w.pt"
+    torch.save(eager.state_dict(), pickled)
+    for weights, dtype in ((save(tmp_path, eager), torch.bfloat16), (str(pickled), None)):
+        m = zoo_at.get("timm/resnet18")
+        with pytest.raises(InvalidArgument, match="copy=False: .*weight.* cannot be views of the file"):
+            m.materialize(weights=weights, dtype=dtype, copy=False)
+        assert _still_meta(m)
 
 
 def test_lazy_dispatch_materializes_on_first_forward(zoo_at, tmp_path):

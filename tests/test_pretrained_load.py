@@ -144,6 +144,21 @@ def test_timm_variant_loads_bitwise_as_timm_does(tag, caches, fresh_url, tmp_pat
     assert_bitwise(ours, theirs)
 
 
+def test_a_pretrained_load_by_name_never_imports_sqlalchemy(caches, fresh_url, tmp_path):
+    """weights="pretrained" reads its row (and the loader arguments recorded with it) through the sqlite3
+    reader: a fresh process loads timm's published weights without importing SQLAlchemy."""
+    hub_cache, _ = caches
+    tag = "resnet18.a1_in1k"
+    hub_file(hub_cache, f"timm/{tag}", "model.safetensors", TIMM_CASES[tag][0](tmp_path))
+    add_row(fresh_url, f"timm/{tag}", "timm", tag, tag="a1_in1k")
+    code = ("import sys, zoo\n"
+            f"m = zoo.get('timm/{tag}', weights='pretrained')\n"
+            "assert not any(t.is_meta for t in m.state_dict().values())\n"
+            "assert 'sqlalchemy' not in sys.modules, [n for n in sys.modules if n.startswith('sqlalchemy')]\n")
+    env = {**os.environ, "ZOO_REGISTRY": fresh_url.removeprefix("sqlite:///"), "ZOO_CACHE": str(tmp_path / "zc")}
+    subprocess.run([sys.executable, "-c", code], check=True, env=env, cwd=ROOT)
+
+
 def test_timm_prefers_safetensors_when_the_repo_has_both(caches, fresh_url, tmp_path):
     """A repo with model.safetensors and pytorch_model.bin (different values here): timm reads the
     safetensors file, and so does zoo."""

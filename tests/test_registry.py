@@ -162,8 +162,8 @@ def test_info_and_search_never_import_torch(small_registry):
 
 
 def test_read_paths_of_a_sqlite_registry_never_import_sqlalchemy(small_registry, tmp_path):
-    """info, get (its row and tensor check), a weights tag lookup, a materialize from a file and `zoo show`
-    read a SQLite file with sqlite3 (zoo.registry.lite): SQLAlchemy's import alone was most of a first get's
+    """info, get (its row and tensor check), a weights tag lookup, a materialize from a file, search, `zoo show`
+    and `zoo search` read a SQLite file with sqlite3 (zoo.registry.lite): SQLAlchemy's import alone was most of a first get's
     time (and half a second more at exit)."""
     code = (
         "import sys, zoo, zoo.cli\n"
@@ -176,6 +176,8 @@ def test_read_paths_of_a_sqlite_registry_never_import_sqlalchemy(small_registry,
         "save_file(zoo.get('timm/resnet18').materialize().state_dict(), sys.argv[1])\n"
         "m.materialize(weights=sys.argv[1])  # a load from a file: the read path, not the indexer\n"
         "assert zoo.cli.main(['show', 'timm/resnet18']) == 0\n"
+        "assert 'timm/resnet18' in [i.name for i in zoo.search('name~*resnet18 and params>1e6', order_by='-params')]\n"
+        "assert zoo.cli.main(['search', 'params<1e8', '--sort', '-params']) == 0\n"
         "assert 'sqlalchemy' not in sys.modules, [m for m in sys.modules if m.startswith('sqlalchemy')]\n"
     )
     env = {"ZOO_REGISTRY": small_registry.removeprefix("sqlite:///"), "PATH": "/usr/bin:/bin"}

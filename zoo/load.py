@@ -6,6 +6,7 @@ It reads the registry rows it needs through zoo.registry, never through zoo.api:
 
 from __future__ import annotations
 
+import contextlib
 import functools
 from dataclasses import dataclass
 from pathlib import Path
@@ -45,6 +46,7 @@ class WeightsRef:
     kind: str
     source: object = None
     tag: str | None = None
+    sha256: str | None = None  # a tag's, checked
 
 
 def resolve_weights(weights, state: ZooState) -> WeightsRef:
@@ -86,7 +88,27 @@ def weights_file(url: str, name: str, weights) -> WeightsRef:
         raise CheckpointError(f"{weights!r} is neither a file nor a weights tag of {name} "
                               f"(tags: {', '.join(w['tag'] for w in recorded) or 'none; add one with `zoo weights add`'})")
     verify(entry["path"], entry["sha256"])
-    return WeightsRef("tag", entry["path"], weights)
+    return WeightsRef("tag", entry["path"], weights, entry["sha256"])
+
+
+def open_tag(ref: WeightsRef):
+    """A tag's checkpoint opened, then its sha256 checked again (remembered for the file's state: not hashed
+    twice) and its open files compared with what the path names now: a file swapped in after the check
+    weights_file made is refused, never loaded."""
+    from zoo.weights.digest import verify
+    from zoo.weights.opening import open_source
+    from zoo.weights.sources import file_state
+
+    source = open_source(ref.source)
+    try:
+        verify(ref.source, ref.sha256)
+        for path, state in zip(getattr(source, "paths", ()), getattr(source, "states", ())):
+            if file_state(path) != state:
+                raise CheckpointError(f"{path}: replaced while it was being opened; load it again")
+    except BaseException:
+        source.close()
+        raise
+    return source
 
 
 def constructor_files(url: str, name: str) -> list[str]:
@@ -153,7 +175,8 @@ class Materializer:
             source, strict = pretrained_source(state.recipe, ref.tag, self.module, state.load_args)
             keys = load_into(self.module, weights=source, strict=strict, **options)
         else:
-            keys = load_into(self.module, weights=ref.source, strict=strict, key_map=key_map, **options)
+            with open_tag(ref) if ref.kind == "tag" else contextlib.nullcontext(ref.source) as weights:
+                keys = load_into(self.module, weights=weights, strict=strict, key_map=key_map, **options)
         self.incompatible_keys = keys
         if self.pending is not None:
             self.pending.detach()

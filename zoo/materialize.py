@@ -4,7 +4,7 @@ Nothing touches the module until every new tensor is filled: a corrupt file, a m
 out-of-memory leaves it exactly as it was, on meta, and the new memory is freed.
 """
 
-import mmap
+import os
 
 import torch
 from torch import nn
@@ -19,7 +19,7 @@ from zoo.state import state_of
 from zoo.weights.fit import Fit, Target, fit
 from zoo.weights.opening import open_source
 from zoo.weights.sources import SafetensorsSource, Source
-from zoo.weights.alloc import allocate, parallel, populate
+from zoo.weights.alloc import allocate, map_private, parallel, populate
 from zoo.weights.placement import leading_rows
 from zoo.weights.slots import Slot, like, slots_of
 from zoo.weights.stream import stream_into
@@ -47,7 +47,8 @@ def materialize(module: nn.Module, device="cpu", weights=None, dtype: torch.dtyp
     (copy=None, as transformers and safetensors do) a view of a private copy-on-write mapping of the
     file, with a storage of its own: no bytes are copied, training writes go to private pages and the
     file is never changed; the file must not be truncated while the model lives. copy=True gives
-    owned memory; copy=False insists on views, and is refused on any other device (InvalidArgument).
+    owned memory; copy=False insists on views: InvalidArgument, before anything is allocated, where a tensor
+    would be copied (a cast, a pickle, ...) or the device is not the CPU.
     A dtype cast converts straight from the mapped file into the destination, chunk by chunk.
     On CUDA a safetensors file streams through a few reusable pinned buffers, copied asynchronously
     on a stream of its own while the next ones are read; dtype casts run on the GPU; the call
@@ -216,6 +217,10 @@ def _load(slots, source: Source, device, dtype, strict, key_map, copy, cast_non_
             slot.new = slot.tensor.to(device)
     if copy is not True and device.type == "cpu" and isinstance(source, SafetensorsSource):
         plan = _map_file_views(plan, source, dtype, cast_non_persistent)
+    if copy is False and (plan or parts):
+        raise InvalidArgument(f"copy=False: {_names([*plan, *parts])} cannot be views of the file (a dtype cast, a "
+                              f"tensor not aligned in it, a pickle or state dict, experts fused into one tensor, "
+                              f"rows strided in it): leave copy unset to copy those")
     _allocate_slots([*plan.values(), *fused], device, dtype, cast_non_persistent)
     # (key, slot, part): no local holds a new tensor (a traceback keeps its frames' locals; on an error the
     # slots must be the only holders)
@@ -229,6 +234,7 @@ def _load(slots, source: Source, device, dtype, strict, key_map, copy, cast_non_
         reads = [read for read, host in zip(reads, strided) if host]
     parallel(lambda read: _read(source, *read), reads,
              lambda read: read[1].new.nbytes // (1 if read[2] is None else read[1].local_shape[0] * read[2].pieces))
+    source.check_unchanged()
     if missing:  # strict=False: the constructor's own values, as if these keys were never asked for
         _from_constructor(missing, device, recipe, constructed)
     return result
@@ -273,7 +279,7 @@ def _allocate_slots(slots, device, dtype, cast_non_persistent) -> None:
 def _map_file_views(plan, source: SafetensorsSource, dtype, cast_non_persistent):
     """Zero-copy: tensors that can be views of the mapped file become them (each with a storage of its
     own over the mapping); the rest stay in the plan."""
-    maps: dict[int, mmap.mmap] = {}
+    maps = {}  # fd -> its mapping
     rest = {}
     for key, slot in plan.items():
         rows = _rows(key, slot.box, source)
@@ -284,8 +290,9 @@ def _map_file_views(plan, source: SafetensorsSource, dtype, cast_non_persistent)
             rest[key] = slot
             continue
         if fd not in maps:
-            maps[fd] = mmap.mmap(fd, 0, access=mmap.ACCESS_COPY)  # private: writes never reach the file
-        if start + length > len(maps[fd]):  # a view past the end would fault (SIGBUS) when read
+            source.check_unchanged()  # a view past the end would fault (SIGBUS) when read
+            maps[fd] = map_private(fd, os.fstat(fd).st_size)  # private: writes never reach the file
+        if start + length > len(maps[fd]):
             raise CheckpointError(f"{key}: the weights file is shorter than its header says: it changed or was "
                                   f"truncated after it was opened")
         flat = torch.frombuffer(maps[fd], dtype=torch.uint8, count=length, offset=start)

@@ -1,8 +1,10 @@
 """The memory a load reads into, and the threads that fill it."""
 
 import functools
+import mmap
 import os
 import sys
+import weakref
 from concurrent.futures import ThreadPoolExecutor
 
 import torch
@@ -22,15 +24,37 @@ _PAGE = 4096
 
 
 @functools.cache
-def _madvise():
+def _libc():
     import ctypes
 
     libc = ctypes.CDLL(None, use_errno=True)
     libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-    return libc.madvise
+    libc.mmap.restype = ctypes.c_void_p
+    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+    libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    return libc
 
 
-register("libc madvise", bound=1, clear=_madvise.cache_clear, size=lambda: _madvise.cache_info().currsize)
+register("libc", bound=1, clear=_libc.cache_clear, size=lambda: _libc.cache_info().currsize)
+
+
+def map_private(fd: int, length: int):
+    """A private (copy-on-write) mapping of a file's first `length` bytes, as a writable buffer that tensors
+    take views of (torch.frombuffer: each its own storage); unmapped when the last of them is freed. Not
+    mmap.mmap: that keeps a duplicate of the descriptor open as long as the mapping lives (one per file per
+    load, so a process that keeps loading runs out of descriptors), where the kernel needs none."""
+    if not sys.platform.startswith("linux"):
+        return mmap.mmap(fd, length, access=mmap.ACCESS_COPY)
+    import ctypes
+
+    libc = _libc()
+    addr = libc.mmap(None, length, mmap.PROT_READ | mmap.PROT_WRITE, mmap.MAP_PRIVATE, fd, 0)
+    if addr in (None, ctypes.c_void_p(-1).value):
+        err = ctypes.get_errno()
+        raise OSError(err, f"cannot map the weights file: {os.strerror(err)}")
+    buffer = (ctypes.c_char * length).from_address(addr)
+    weakref.finalize(buffer, libc.munmap, addr, length)
+    return buffer
 
 
 def populate(t: torch.Tensor) -> None:
@@ -43,7 +67,7 @@ def populate(t: torch.Tensor) -> None:
     start = (t.data_ptr() + _PAGE - 1) // _PAGE * _PAGE
     end = (t.data_ptr() + t.nbytes) // _PAGE * _PAGE
     if end > start:
-        _madvise()(start, end - start, _MADV_POPULATE_WRITE)  # an old kernel's EINVAL: the read faults them
+        _libc().madvise(start, end - start, _MADV_POPULATE_WRITE)  # an old kernel's EINVAL: the read faults them
 
 
 def parallel(fn, jobs, weight) -> None:

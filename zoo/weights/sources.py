@@ -40,6 +40,10 @@ class Source:
         of the box's shape whose dtype may differ (then cast)."""
         raise NotImplementedError
 
+    def check_unchanged(self) -> None:
+        """CheckpointError if a file this source reads was written since it was opened (its values would
+        mix two versions): called once the reads are done and before the file is mapped."""
+
     def close(self) -> None:
         pass
 
@@ -56,11 +60,15 @@ class SafetensorsSource(Source):
     def __init__(self, files: list[Path]):
         self.entries: dict[str, tuple[int, st.Entry]] = {}
         self.fds: list[int] = []
+        self.paths: list[Path] = []
+        self.states: list[tuple] = []  # each file as opened: any write changes its mtime and ctime
         self._maps: dict[int, mmap.mmap] = {}  # fd -> its mapping, for casts
         self._lock = threading.Lock()
         try:
             for path in files:
                 self.fds.append(open_regular(path))
+                self.paths.append(path)
+                self.states.append(file_state(self.fds[-1]))
                 entries, _ = st.read_header(path, self.fds[-1])  # header and data from one open file
                 for e in entries:
                     if e.name in self.entries:
@@ -70,6 +78,12 @@ class SafetensorsSource(Source):
             self.close()
             raise
         self.specs = {n: Spec(e.dtype, e.shape) for n, (_, e) in self.entries.items()}
+
+    def check_unchanged(self) -> None:
+        for path, fd, state in zip(self.paths, self.fds, self.states):
+            if file_state(fd) != state:
+                raise CheckpointError(f"{path}: the weights file was written while it was being loaded; load it "
+                                      f"again once it is complete")
 
     def byte_range(self, name: str, rows: tuple[int, int] | None = None) -> tuple[int, int, int]:
         """(fd, start, length) of a tensor or of rows of it in its file."""
@@ -147,6 +161,12 @@ class SafetensorsSource(Source):
         for fd in self.fds:
             os.close(fd)
         self.fds = []
+
+
+def file_state(file) -> tuple:
+    """What identifies a file's version, of an open descriptor or a path: any write changes its mtime and ctime."""
+    st = os.stat(file)
+    return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns
 
 
 def read_exact(fd: int, start: int, length: int, dest) -> None:

@@ -21,7 +21,7 @@ BUFFER_BYTES = 32 << 20  # a power of two: torch's pinned-memory cache rounds si
 # Page-cache reads are memory copies; one thread cannot keep up with a PCIe 5 link. On 16-core H200 hosts
 # (bench/materialize_cuda.py --sweep) 4, 8, 12 and 16 readers read 13, 19, 22 and 22 GB/s on one host,
 # where 16, 32 and 64 MiB buffers were the same within noise; on a slower host 12 readers read 12.5, 17.2
-# and 15.8 GB/s with 16, 32 and 64 MiB buffers. 12 x 32 MiB (a ring of 512 MiB pinned) is the choice.
+# and 15.8 GB/s with 16, 32 and 64 MiB buffers. 12 readers, 32 MiB buffers (a ring of 16: 512 MiB pinned).
 MAX_READERS = 12
 
 
