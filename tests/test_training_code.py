@@ -184,6 +184,25 @@ def test_lazy_loads_on_a_first_call_of_forward_features_or_of_a_submodule(zoo_at
     assert not on_meta(m) and not any(mod._forward_pre_hooks for mod in m.modules())
 
 
+def test_lazy_module_compiled_before_its_first_call_loads_and_runs_as_eager(zoo_at, tmp_path):
+    """torch.compile(m) and m.compile() of a still-lazy module: the first call loads it, outside Dynamo's
+    trace (inside it, Dynamo's weak references to the meta parameters made every later call fail)."""
+    x = example_input(R18)
+    for compiled in ("torch.compile", "Module.compile"):
+        m, eager = lazy(zoo_at, tmp_path)
+        m.eval(), eager.eval()
+        if compiled == "torch.compile":
+            run = torch.compile(m, backend="eager")
+        else:
+            m.compile(backend="eager")
+            run = m
+        with torch.no_grad():
+            assert torch.equal(run(x), eager(x)), compiled
+            assert torch.equal(m(x), eager(x)), compiled
+        assert not on_meta(m)
+    torch._dynamo.reset()
+
+
 def test_lazy_state_dict_and_torch_save_before_any_forward_hold_the_weights(zoo_at, tmp_path):
     m, eager = lazy(zoo_at, tmp_path)
     assert on_meta(m)
@@ -209,6 +228,10 @@ def test_lazy_module_moved_or_listed_loads_first(zoo_at, tmp_path):
     m, eager = lazy(zoo_at, tmp_path)
     optimizer = torch.optim.AdamW(m.parameters())  # listing the model's parameters is a use
     assert not on_meta(m) and optimizer.param_groups[0]["params"][0] is m.conv1.weight
+    m, eager = lazy(zoo_at, tmp_path)
+    stats = dict(m.named_buffers())  # and so is listing its buffers (BatchNorm's running statistics)
+    assert not on_meta(m) and torch.equal(stats["bn1.running_var"], eager.bn1.running_var)
+    assert "named_buffers" not in vars(m)
 
 
 def test_lazy_module_pickles_and_deep_copies_pending(zoo_at, tmp_path):

@@ -183,27 +183,43 @@ class Materializer:
         return self.module
 
 
+class _BeforeCall:
+    """A lazy module's forward pre-hook: the load. Under torch.compile it runs outside the trace, before
+    Dynamo holds weak references to the meta parameters (swap_tensors refuses a tensor with one). A
+    class, not a closure, so that a pending module pickles."""
+
+    def __init__(self, lazy: LazyLoad):
+        self.lazy = lazy
+
+    def __call__(self, sub, args):
+        import torch
+
+        torch.compiler.disable(self.lazy.load)()
+
+
 class LazyLoad:
     """dispatch="lazy": the load runs at the module's first use, and fills only what is still on meta.
 
     A use is a call of the module or of any submodule (forward_features, generate, a head alone),
     state_dict(), load_state_dict() without assign (which then copies over the loaded values), listing
-    the whole module's parameters (its parameters() or named_parameters(): an optimizer,
-    DistributedDataParallel), or moving it (.to, .cuda, .float: _apply). FSDP2's fully_shard and
+    the whole module's parameters or buffers (parameters(), named_parameters(), buffers(), named_buffers():
+    an optimizer, DistributedDataParallel), or moving it (.to, .cuda, .float: _apply). FSDP2's fully_shard and
     tensor parallelism list each module's own parameters (recurse=False) and load nothing. Anything the
     user materialized since (load_state_dict(assign=True), to_empty, a new head) is left as it is: the
     load never overwrites a tensor that is not on meta, and an explicit .materialize cancels it. It
     keeps waiting until a load succeeds. It is the module's .materialize.pending until then."""
 
     USES = ("state_dict", "load_state_dict", "_apply", "to_empty")
+    LISTINGS = ("named_parameters", "named_buffers")  # parameters() and buffers() call these
 
     def __init__(self, module, options: dict):
         self.module, self.options, self.busy = module, options, False
-        self.handles = [sub.register_forward_pre_hook(self._before_call) for sub in module.modules()]
+        self.handles = [sub.register_forward_pre_hook(_BeforeCall(self)) for sub in module.modules()]
         for sub in module.modules():
             for use in self.USES:
                 sub.__dict__[use] = functools.partial(getattr(self, use), sub)
-        module.__dict__["named_parameters"] = self.named_parameters
+        for listing in self.LISTINGS:
+            module.__dict__[listing] = functools.partial(self._listed, listing)
         module.materialize.pending = self
 
     def load(self) -> None:
@@ -224,16 +240,15 @@ class LazyLoad:
         for sub in self.module.modules():
             for use in self.USES:
                 sub.__dict__.pop(use, None)
-        self.module.__dict__.pop("named_parameters", None)
+        for listing in self.LISTINGS:
+            self.module.__dict__.pop(listing, None)
         self.module.materialize.pending = None
 
-    def _before_call(self, sub, args):
-        self.load()
 
-    def named_parameters(self, prefix="", recurse=True, remove_duplicate=True):
+    def _listed(self, listing, prefix="", recurse=True, remove_duplicate=True):
         if recurse:
             self.load()
-        return type(self.module).named_parameters(self.module, prefix, recurse, remove_duplicate)
+        return getattr(type(self.module), listing)(self.module, prefix, recurse, remove_duplicate)
 
     def state_dict(self, sub, *args, **kwargs):
         self.load()
