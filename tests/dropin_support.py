@@ -302,8 +302,8 @@ def _ddp(sample: Sample, name: str, rank: int, side: str) -> dict:
 
 
 def _blocks(model) -> list[nn.Module]:
-    """The units FSDP2 shards one by one: a ViT's blocks, a decoder's layers."""
-    return list(getattr(model, "blocks", None) or model.model.layers)
+    """The units FSDP2 shards one by one: a ViT's blocks, a MobileNet's feature blocks, a decoder's layers."""
+    return list(getattr(model, "blocks", None) or getattr(model, "features", None) or model.model.layers)
 
 
 def _fsdp(sample: Sample, name: str, rank: int, side: str) -> dict:
@@ -368,7 +368,7 @@ def _fsdp_tp(sample: Sample, name: str, rank: int, side: str) -> dict:
 
 
 DDP_MODELS = ["torchvision/mobilenet_v3_small", LLAMA]
-FSDP_MODELS = ["timm/vit_tiny_patch16_224", LLAMA]
+FSDP_MODELS = ["timm/vit_tiny_patch16_224", "torchvision/mobilenet_v3_small", LLAMA]  # BatchNorm trains sharded
 TWO_RANK_CHECKS = ([(f"ddp-{n}", _ddp, n) for n in DDP_MODELS] + [(f"fsdp-{n}", _fsdp, n) for n in FSDP_MODELS]
                    + [(f"tp-{LLAMA}", _tp, LLAMA)])
 FOUR_RANK_CHECKS = [(f"fsdp_tp-{LLAMA}", _fsdp_tp, LLAMA)]
