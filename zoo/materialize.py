@@ -47,8 +47,7 @@ def materialize(module: nn.Module, device="cpu", weights=None, dtype: torch.dtyp
     (copy=None, as transformers and safetensors do) a view of a private copy-on-write mapping of the
     file, with a storage of its own: no bytes are copied, training writes go to private pages and the
     file is never changed; the file must not be truncated while the model lives. copy=True gives
-    owned memory; copy=False insists on views: InvalidArgument, before anything is allocated, where a tensor
-    would be copied (a cast, a pickle, ...) or the device is not the CPU.
+    owned memory; copy=False insists on views (InvalidArgument, first, where one would be copied or off CPU).
     A dtype cast converts straight from the mapped file into the destination, chunk by chunk.
     On CUDA a safetensors file streams through a few reusable pinned buffers, copied asynchronously
     on a stream of its own while the next ones are read; dtype casts run on the GPU; the call
@@ -218,9 +217,8 @@ def _load(slots, source: Source, device, dtype, strict, key_map, copy, cast_non_
     if copy is not True and device.type == "cpu" and isinstance(source, SafetensorsSource):
         plan = _map_file_views(plan, source, dtype, cast_non_persistent)
     if copy is False and (plan or parts):
-        raise InvalidArgument(f"copy=False: {_names([*plan, *parts])} cannot be views of the file (a dtype cast, a "
-                              f"tensor not aligned in it, a pickle or state dict, experts fused into one tensor, "
-                              f"rows strided in it): leave copy unset to copy those")
+        raise InvalidArgument(f"copy=False: {_names([*plan, *parts])} cannot be views of the file (a cast, a pickle, "
+                              f"misaligned, fused or strided tensors): leave copy unset to copy those")
     _allocate_slots([*plan.values(), *fused], device, dtype, cast_non_persistent)
     # (key, slot, part): no local holds a new tensor (a traceback keeps its frames' locals; on an error the
     # slots must be the only holders)
@@ -293,8 +291,7 @@ def _map_file_views(plan, source: SafetensorsSource, dtype, cast_non_persistent)
             source.check_unchanged()  # a view past the end would fault (SIGBUS) when read
             maps[fd] = map_private(fd, os.fstat(fd).st_size)  # private: writes never reach the file
         if start + length > len(maps[fd]):
-            raise CheckpointError(f"{key}: the weights file is shorter than its header says: it changed or was "
-                                  f"truncated after it was opened")
+            raise CheckpointError(f"{key}: the weights file is shorter than its header says (changed since opened)")
         flat = torch.frombuffer(maps[fd], dtype=torch.uint8, count=length, offset=start)
         slot.new = flat.view(file_dtype).view(slot.local_shape)
     return rest
