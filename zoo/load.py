@@ -244,7 +244,6 @@ class LazyLoad:
             self.module.__dict__.pop(listing, None)
         self.module.materialize.pending = None
 
-
     def _listed(self, listing, prefix="", recurse=True, remove_duplicate=True):
         if recurse:
             self.load()
