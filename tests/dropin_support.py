@@ -335,14 +335,53 @@ def tp_plan(model) -> dict:
     return plan
 
 
-def _parallelize(sample: Sample, name: str, side: str, mesh, dp_mesh=None) -> nn.Module:
+def sequence_parallel_plan(model) -> dict:
+    """Megatron-style with sequence parallelism (as torchtitan plans a Llama): the norms and the residual stream
+    sharded on the sequence dim (Shard(1)), gathered before attention and the MLP, scattered after them; the
+    embedding row-wise and the head column-wise, which unties the tied pair (each is distributed apart)."""
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput, RowwiseParallel,
+                                                   SequenceParallel)
+
+    plan = {"model.embed_tokens": RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1),
+                                                  use_local_output=False),
+            "model.norm": SequenceParallel(),
+            "lm_head": ColwiseParallel(input_layouts=Shard(1), output_layouts=Replicate())}
+    for i in range(len(model.model.layers)):
+        layer = f"model.layers.{i}"
+        plan |= {f"{layer}.{norm}": SequenceParallel() for norm in ("input_layernorm", "post_attention_layernorm")}
+        plan[f"{layer}.self_attn"] = PrepareModuleInput(input_kwarg_layouts={"hidden_states": Shard(1)},
+                                                        desired_input_kwarg_layouts={"hidden_states": Replicate()})
+        plan[f"{layer}.mlp"] = PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),))
+        plan |= {f"{layer}.self_attn.{p}": ColwiseParallel() for p in ("q_proj", "k_proj", "v_proj")}
+        plan |= {f"{layer}.mlp.{p}": ColwiseParallel() for p in ("gate_proj", "up_proj")}
+        plan |= {f"{layer}.{p}": RowwiseParallel(output_layouts=Shard(1), use_local_output=False)
+                 for p in ("self_attn.o_proj", "mlp.down_proj")}
+    return plan
+
+
+def mlp_plan(model) -> dict:
+    """What splits 4 ways in the tiny Llama (its 2 key/value heads do not): the embedding row-wise, the MLPs
+    column- then row-wise, the head column-wise (the tied pair untied, as above)."""
+    from torch.distributed.tensor import Replicate
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+
+    plan = {"model.embed_tokens": RowwiseParallel(input_layouts=Replicate()),  # the token ids, whole on every rank
+            "lm_head": ColwiseParallel(output_layouts=Replicate())}
+    for i in range(len(model.model.layers)):
+        plan |= {f"model.layers.{i}.mlp.{p}": ColwiseParallel() for p in ("gate_proj", "up_proj")}
+        plan[f"model.layers.{i}.mlp.down_proj"] = RowwiseParallel()
+    return plan
+
+
+def _parallelize(sample: Sample, name: str, side: str, mesh, dp_mesh=None, plan=tp_plan) -> nn.Module:
     """Tensor parallel on `mesh` (and FSDP2 on `dp_mesh`): the eager model with its full weights, which the
     plan distributes; the zoo model on meta, before materialize, which then loads each rank's part."""
     from torch.distributed.fsdp import fully_shard
     from torch.distributed.tensor.parallel import parallelize_module
 
     model = sample.eager(name) if side == "eager" else sample.get(name)
-    parallelize_module(model, mesh, tp_plan(model))
+    parallelize_module(model, mesh, plan(model))
     if dp_mesh is not None:
         for block in _blocks(model):
             fully_shard(block, mesh=dp_mesh)
@@ -359,6 +398,20 @@ def _tp(sample: Sample, name: str, rank: int, side: str) -> dict:
     return _trained(model, CASES[name], rank=0)  # every rank of a tensor-parallel group sees the same batch
 
 
+def _sp(sample: Sample, name: str, rank: int, side: str) -> dict:
+    from torch.distributed.device_mesh import init_device_mesh
+
+    model = _parallelize(sample, name, side, init_device_mesh("cpu", (2,)), plan=sequence_parallel_plan)
+    return _trained(model, CASES[name], rank=0)
+
+
+def _tp4(sample: Sample, name: str, rank: int, side: str) -> dict:
+    from torch.distributed.device_mesh import init_device_mesh
+
+    model = _parallelize(sample, name, side, init_device_mesh("cpu", (4,)), plan=mlp_plan)
+    return _trained(model, CASES[name], rank=0)
+
+
 def _fsdp_tp(sample: Sample, name: str, rank: int, side: str) -> dict:
     from torch.distributed.device_mesh import init_device_mesh
 
@@ -370,8 +423,8 @@ def _fsdp_tp(sample: Sample, name: str, rank: int, side: str) -> dict:
 DDP_MODELS = ["torchvision/mobilenet_v3_small", LLAMA]
 FSDP_MODELS = ["timm/vit_tiny_patch16_224", "torchvision/mobilenet_v3_small", LLAMA]  # BatchNorm trains sharded
 TWO_RANK_CHECKS = ([(f"ddp-{n}", _ddp, n) for n in DDP_MODELS] + [(f"fsdp-{n}", _fsdp, n) for n in FSDP_MODELS]
-                   + [(f"tp-{LLAMA}", _tp, LLAMA)])
-FOUR_RANK_CHECKS = [(f"fsdp_tp-{LLAMA}", _fsdp_tp, LLAMA)]
+                   + [(f"tp-{LLAMA}", _tp, LLAMA), (f"sp-{LLAMA}", _sp, LLAMA)])
+FOUR_RANK_CHECKS = [(f"fsdp_tp-{LLAMA}", _fsdp_tp, LLAMA), (f"tp4-{LLAMA}", _tp4, LLAMA)]
 
 
 def label(check: str, side: str) -> str:

@@ -264,6 +264,18 @@ def test_tensor_parallel_on_meta_trains_as_the_library_model(two_ranks):
     assert_ranks_agree(two_ranks, f"tp-{LLAMA}", 2, placements=("Shard(dim=0)", "Shard(dim=1)"))
 
 
+def test_sequence_parallel_on_meta_trains_as_the_library_model(two_ranks):
+    """torchtitan's plan: norms and the residual stream sharded on the sequence dim, attention and MLP gathered
+    and scattered around; the tied embedding and head distributed apart (untied), both read from the one key
+    save_pretrained keeps for them."""
+    assert_ranks_agree(two_ranks, f"sp-{LLAMA}", 2, placements=("Shard(dim=0)", "Shard(dim=1)", "Replicate()"))
+
+
+def test_tensor_parallel_on_a_4_rank_mesh_trains_as_the_library_model(four_ranks):
+    """The embedding, the MLPs and the head split 4 ways (the tied embedding and head untied, as above)."""
+    assert_ranks_agree(four_ranks, f"tp4-{LLAMA}", 4, placements=("Shard(dim=0)", "Shard(dim=1)"))
+
+
 def test_fsdp2_over_tensor_parallel_on_a_2x2_mesh_trains_as_the_library_model(four_ranks):
     """TP on the mesh's "tp" dim, fully_shard on its "dp" dim (2D and _StridedShard placements), 4 ranks."""
     assert_ranks_agree(four_ranks, f"fsdp_tp-{LLAMA}", 4, placements=("_StridedShard", "Shard(dim=1)"))

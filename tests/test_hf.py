@@ -116,6 +116,20 @@ def test_tiny_round_trip_equals_from_pretrained(tiny, kind):
     assert torch.equal(forward(m, kind), forward(ref, kind))
 
 
+def test_a_lazy_language_model_loads_on_generate_and_generates_as_from_pretrained(tiny):
+    """generate() is not forward: its first use of the model (reading its device from its parameters, then the
+    call) loads the weights, and greedy decoding gives from_pretrained's tokens. Fails with neither load."""
+    registry, dirs = tiny
+    m = registry.get(NAMES["llama"], weights=str(dirs["llama"]), dispatch="lazy")
+    assert all(p.is_meta for mod in m.modules() for p in mod._parameters.values() if p is not None)  # not loaded
+    ref = transformers.AutoModelForCausalLM.from_pretrained(dirs["llama"])
+    ids = torch.randint(1, 128, (1, 6), generator=torch.Generator().manual_seed(3))
+    want = ref.generate(ids, max_new_tokens=5, do_sample=False)
+    got = m.generate(ids, max_new_tokens=5, do_sample=False)
+    assert torch.equal(got, want) and got.shape == (1, 11)
+    assert not any(p.is_meta for p in m.parameters())
+
+
 def _moe_file(tiny, tmp_path, edit) -> str:
     """The tiny Mixtral's save_pretrained keys (one per expert) in one file, after `edit(tensors)`."""
     from safetensors.torch import load_file, save_file

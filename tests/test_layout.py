@@ -22,7 +22,7 @@ LAYERS = [
     ["zoo.meta", "zoo.offline", "zoo.weights", "zoo.construction"],
     ["zoo.families", "zoo.timm_loader"],  # the timm family records its loader arguments at index time
     ["zoo.build", "zoo.templates", "zoo.preprocess"],
-    ["zoo.analysis", "zoo.materialize", "zoo.pretrained", "zoo.record"],
+    ["zoo.analysis", "zoo.materialize", "zoo.plain_tensors", "zoo.pretrained", "zoo.record"],
     ["zoo.registry"],
     ["zoo.indexer", "zoo.hub_indexer"],
     ["zoo.load"],  # weights= resolved, .materialize and the lazy load: below the api, which binds them

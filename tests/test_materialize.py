@@ -5,6 +5,7 @@ import os
 
 import pytest
 import torch
+from torch import nn
 from safetensors.torch import save_file
 
 import zoo
@@ -86,6 +87,22 @@ def test_ties_stay_one_parameter_loaded_once(zoo_at, tmp_path):
     assert m.head.weight is m.embed.weight
     assert torch.equal(m.head.weight, eager.embed.weight)
     assert len(list(m.parameters())) == len(list(eager.parameters()))
+
+
+@pytest.mark.parametrize("copy", [None, True])
+def test_a_tie_broken_on_meta_fills_both_tensors_from_its_one_key_each_with_its_own_memory(zoo_at, tmp_path, copy):
+    """Tensor parallelism distributes a tied embedding and head apart (tests/test_dropin.py); here the head is
+    given a parameter of its own by hand. The file keeps the tie's one key, and both are read from it, into
+    separate memory: a step on one leaves the other as it was (two views of one mapping would move both)."""
+    eager = eager_model("user/tied")
+    m = zoo_at.get("user/tied")
+    m.head.weight = nn.Parameter(torch.empty_like(m.head.weight))  # on meta: untied
+    m.materialize(weights=save(tmp_path, eager), copy=copy)
+    assert m.head.weight is not m.embed.weight
+    assert torch.equal(m.head.weight, eager.embed.weight) and torch.equal(m.embed.weight, eager.embed.weight)
+    with torch.no_grad():
+        m.head.weight.add_(1)
+    assert torch.equal(m.embed.weight, eager.embed.weight)
 
 
 def test_formats_pickles_shards_and_state_dicts(zoo_at, tmp_path):

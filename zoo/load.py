@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -133,8 +134,12 @@ def _exists(path: str) -> bool:
 # --- what zoo.get binds to a module -------------------------------------------------------------
 
 def bind(module, state: ZooState):
-    """Give a built meta module its zoo state and its .materialize; returns the module."""
-    set_state(module, state)
+    """Give a built meta module its zoo state (with the ties it was built with) and its .materialize; returns
+    the module."""
+    from zoo.weights.slots import slots_of
+
+    ties = tuple(tuple(slot.names) for slot in slots_of(module) if len(slot.names) > 1)
+    set_state(module, dataclasses.replace(state, ties=ties))
     module.__dict__["materialize"] = Materializer(module)
     return module
 

@@ -15,6 +15,7 @@ from zoo.families.hf_keys import hf_key_map
 from zoo.dtypes import float_dtype
 from zoo.inspection import dtype_name
 from zoo.meta import value_of
+from zoo.plain_tensors import plain_tensor_values
 from zoo.state import state_of
 from zoo.weights.fit import Fit, Target, fit
 from zoo.weights.opening import open_source
@@ -97,7 +98,7 @@ def load_into(module: nn.Module, device="cpu", weights=None, dtype=None, strict:
                 key_map = hf_key_map(module, [n for s in slots_of(module) for n in s.names])
             with open_source(weights) as source:
                 result = _load(slots, source, device, dtype, strict, key_map, copy, cast_non_persistent, recipe,
-                               kept)
+                               kept, state.ties if state else ())
         _fill_non_persistent(slots, device, recipe)
         for slot in slots:
             want = _target_dtype(slot, dtype, cast_non_persistent)
@@ -106,7 +107,7 @@ def load_into(module: nn.Module, device="cpu", weights=None, dtype=None, strict:
             slot.new = like(slot.tensor, slot.new)
             if slot.is_param and slot.new is not slot.tensor:  # made here: it can fail, the swap must not
                 slot.new = nn.Parameter(slot.new, requires_grad=slot.tensor.requires_grad)
-        plain = _plain_tensor_values(module, device, recipe)
+        plain = plain_tensor_values(module, device, recipe)
     except BaseException:
         for slot in slots:
             slot.new = None  # drop every new tensor: the module was never touched
@@ -133,51 +134,6 @@ def _names(names: list[str], n: int = 5) -> str:
     return ", ".join(names[:n]) + (f" and {len(names) - n} more" if len(names) > n else "")
 
 
-def _plain_tensors(module: nn.Module):
-    """(module, attribute, index, tensor) for meta tensors kept as plain attributes, alone or in a
-    list or tuple: torchvision's anchor generators keep their cell anchors so, outside state_dict."""
-    for prefix, mod in module.named_modules():
-        for attr, value in vars(mod).items():
-            if attr in _MODULE_INTERNALS:
-                continue
-            if isinstance(value, torch.Tensor) and not isinstance(value, nn.Parameter) and value.is_meta:
-                yield prefix, mod, attr, None, value
-            elif isinstance(value, (list, tuple)):
-                for i, item in enumerate(value):
-                    if isinstance(item, torch.Tensor) and item.is_meta:
-                        yield prefix, mod, attr, i, item
-
-
-_MODULE_INTERNALS = frozenset(vars(nn.Module()))
-
-
-def _plain_tensor_values(module, device, recipe) -> list:
-    """Plain tensor attributes get the values their constructor computed (zoo.meta shadows), or,
-    failing that, those of an eager build. They are in no checkpoint and no parameter list."""
-    found = list(_plain_tensors(module))
-    if not found:
-        return []
-    values = [value_of(t) for *_, t in found]
-    if any(v is None for v in values):
-        from zoo.build import build_real
-
-        if recipe is None:
-            raise MaterializeError("plain tensor attributes have no known value and there is no recipe to rebuild them")
-        eager = dict(build_real(recipe, "cpu").named_modules())
-        values = [v if v is not None else getattr(eager[prefix], attr) if i is None else getattr(eager[prefix], attr)[i]
-                  for v, (prefix, _, attr, i, _) in zip(values, found)]
-    # (module, attribute, value): a tensor, or the rebuilt list or tuple, made now so that assigning cannot fail
-    new = {}
-    for (_, mod, attr, i, _), value in zip(found, values):
-        value = value.to(device=device, copy=True)
-        if i is not None:
-            items = new.get((id(mod), attr), (mod, attr, list(getattr(mod, attr))))[2]
-            items[i], value = value, items
-        new[id(mod), attr] = (mod, attr, value)
-    return [(mod, attr, value if isinstance(value, torch.Tensor) else type(getattr(mod, attr))(value))
-            for mod, attr, value in new.values()]
-
-
 def _target_dtype(slot: Slot, dtype, cast_non_persistent: bool) -> torch.dtype:
     t = slot.tensor
     if dtype is None or not t.is_floating_point() or not (slot.persistent or cast_non_persistent):
@@ -187,12 +143,14 @@ def _target_dtype(slot: Slot, dtype, cast_non_persistent: bool) -> torch.dtype:
 
 # --- weights ---------------------------------------------------------------------------------
 
-def check_fit(slots: list[Slot], specs: dict, strict: bool, key_map=None, ignore=frozenset()) -> tuple[dict, Fit]:
-    """The loading plan (checkpoint key -> slot) and the fit, or WeightsMismatch naming what is missing,
-    unexpected or misshaped. A dtype difference is fine: the value is cast. Keys naming `ignore` (tensors
-    a lazy load leaves as they are) are neither loaded nor unexpected."""
+def check_fit(slots: list[Slot], specs: dict, strict: bool, key_map=None, ignore=frozenset(),
+              ties=()) -> tuple[list, Fit]:
+    """The loading plan ((checkpoint key, slot) pairs: a key fills a tied tensor that sharding untied twice)
+    and the fit, or WeightsMismatch naming what is missing, unexpected or misshaped. A dtype difference is
+    fine: the value is cast. Keys naming `ignore` (tensors a lazy load leaves as they are) are neither loaded
+    nor unexpected."""
     targets = [Target(tuple(s.names), tuple(s.tensor.shape), dtype_name(s.tensor.dtype), s.persistent) for s in slots]
-    result = fit(targets, specs, key_map, ignore)
+    result = fit(targets, specs, key_map, ignore, ties)
     if result.misshaped or (strict and (result.missing or result.unexpected)):
         hint = "strict=False allows missing and unexpected keys" if not result.misshaped and strict else ""
         raise WeightsMismatch(result.missing if strict else [], result.unexpected if strict else [],
@@ -200,15 +158,17 @@ def check_fit(slots: list[Slot], specs: dict, strict: bool, key_map=None, ignore
     if not result.matched and result.missing:  # strict=False would initialize everything: surely not meant
         raise WeightsMismatch(result.missing, result.unexpected, [], "not one key matches: wrong file, or give "
                               "a key_map")
-    return {key: slots[i] for key, i in result.matched.items()}, result
+    pairs = [*result.matched.items(), *((key, i) for i, key in result.untied.items())]
+    return [(key, slots[i]) for key, i in pairs], result
 
 
 def _load(slots, source: Source, device, dtype, strict, key_map, copy, cast_non_persistent, recipe,
-          ignore=frozenset()) -> Fit:
-    plan, result = check_fit(slots, source.specs, strict, key_map, ignore)
-    parts = {key: (plan.pop(key), part) for key, part in result.parts.items()}  # each fills part of a tensor
+          ignore=frozenset(), ties=()) -> Fit:
+    pairs, result = check_fit(slots, source.specs, strict, key_map, ignore, ties)
+    parts = {key: (slot, result.parts[key]) for key, slot in pairs if key in result.parts}  # each fills part of one
+    plan = [(key, slot) for key, slot in pairs if key not in result.parts]  # (key, slot): each fills a whole tensor
     fused = list({id(slot): slot for slot, _ in parts.values()}.values())
-    loaded = {id(s) for s in [*plan.values(), *fused]}
+    loaded = {id(s) for _, s in pairs}
     missing = [s for s in slots if s.persistent and s.tensor.is_meta and id(s) not in loaded]
     constructed = _constructed(missing, recipe) if missing else {}  # refused now, before allocating
     for slot in slots:  # tensors made real inside zoo.meta.real() are moved, not wiped
@@ -217,12 +177,12 @@ def _load(slots, source: Source, device, dtype, strict, key_map, copy, cast_non_
     if copy is not True and device.type == "cpu" and isinstance(source, SafetensorsSource):
         plan = _map_file_views(plan, source, dtype, cast_non_persistent)
     if copy is False and (plan or parts):
-        raise InvalidArgument(f"copy=False: {_names([*plan, *parts])} cannot be views of the file (a cast, a pickle, "
-                              f"misaligned, fused or strided tensors): leave copy unset to copy those")
-    _allocate_slots([*plan.values(), *fused], device, dtype, cast_non_persistent)
+        raise InvalidArgument(f"copy=False: {_names([k for k, _ in plan] + [*parts])} cannot be views of the file (a "
+                              f"cast, a pickle, misaligned, fused or strided tensors): leave copy unset to copy those")
+    _allocate_slots([*(s for _, s in plan), *fused], device, dtype, cast_non_persistent)
     # (key, slot, part): no local holds a new tensor (a traceback keeps its frames' locals; on an error the
     # slots must be the only holders)
-    reads = [(key, slot, None) for key, slot in plan.items()]
+    reads = [(key, slot, None) for key, slot in plan]
     reads += [(key, slot, part) for key, (slot, part) in parts.items()]
     if device.type in STREAMED and isinstance(source, SafetensorsSource):
         # contiguous byte ranges stream through the pinned ring; a box strided in the file is read on the host
@@ -278,14 +238,14 @@ def _map_file_views(plan, source: SafetensorsSource, dtype, cast_non_persistent)
     """Zero-copy: tensors that can be views of the mapped file become them (each with a storage of its
     own over the mapping); the rest stay in the plan."""
     maps = {}  # fd -> its mapping
-    rest = {}
-    for key, slot in plan.items():
+    rest, mapped = [], set()
+    for key, slot in plan:
         rows = _rows(key, slot.box, source)
         file_dtype = getattr(torch, source.specs[key].dtype)
         fd, start, length = source.byte_range(key, rows or None)
-        if (rows is False or start % file_dtype.itemsize or length == 0
+        if (rows is False or start % file_dtype.itemsize or length == 0 or key in mapped  # an untied tie: its own
                 or _target_dtype(slot, dtype, cast_non_persistent) != file_dtype):
-            rest[key] = slot
+            rest.append((key, slot))
             continue
         if fd not in maps:
             source.check_unchanged()  # a view past the end would fault (SIGBUS) when read
@@ -294,6 +254,7 @@ def _map_file_views(plan, source: SafetensorsSource, dtype, cast_non_persistent)
             raise CheckpointError(f"{key}: the weights file is shorter than its header says (changed since opened)")
         flat = torch.frombuffer(maps[fd], dtype=torch.uint8, count=length, offset=start)
         slot.new = flat.view(file_dtype).view(slot.local_shape)
+        mapped.add(key)
     return rest
 
 

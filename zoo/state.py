@@ -19,7 +19,10 @@ class ZooState:
     tag: a variant row's weights tag (its published weights, the input size it was recorded at), else None.
     inputs: a user builder's recorded inputs (scan and estimate run with them), else None.
     load_args: the row's recorded load arguments (zoo.families.base.load_arguments) where the module is the row's
-    own build (no kwargs overrides), else None."""
+    own build (no kwargs overrides), else None.
+    ties: the names of each tensor the module was built with under several names: sharding may untie them
+    (tensor parallelism distributes an embedding and its tied head separately), and materialize then fills
+    each from the one key a checkpoint keeps for them."""
 
     recipe: Recipe
     name: str | None = None
@@ -27,6 +30,7 @@ class ZooState:
     tag: str | None = None
     inputs: list | None = None
     load_args: dict | None = None
+    ties: tuple[tuple[str, ...], ...] = ()
 
 
 def state_of(module) -> ZooState | None:

@@ -43,6 +43,9 @@ class Fit:
     unexpected: list[str] = field(default_factory=list)
     misshaped: list[tuple[str, tuple, tuple]] = field(default_factory=list)  # key, file shape, model shape
     dtype_mismatched: list[tuple[str, str, str]] = field(default_factory=list)  # key, file dtype, model dtype
+    # target index -> the key it is read from as well: a tie the model was built with and that is broken now
+    # (tensor parallelism distributes an embedding and its tied head separately), filled from the tie's one key
+    untied: dict[int, str] = field(default_factory=dict)
 
     @property
     def exact(self) -> bool:
@@ -54,10 +57,12 @@ class Fit:
                 "dtype_mismatched": [list(m) for m in self.dtype_mismatched]}
 
 
-def fit(targets: list[Target], specs: dict, key_map=None, ignore=frozenset()) -> Fit:
+def fit(targets: list[Target], specs: dict, key_map=None, ignore=frozenset(), ties=()) -> Fit:
     """specs: checkpoint key -> object with .shape and .dtype (a torch dtype name). Keys that name a
     tensor in `ignore` are skipped, as a key the key_map maps to None is. A key_map may map a key to
-    (name, Part): the key fills that part of the tensor, and the tensor is loaded when every part is."""
+    (name, Part): the key fills that part of the tensor, and the tensor is loaded when every part is.
+    ties: groups of names that were one tensor when the model was built; a target no key fills is read
+    from the key of another name of its group."""
     by_name = {n: i for i, t in enumerate(targets) if t.persistent for n in t.names}
     result = Fit()
     whole, pieces = set(), {}  # target index -> the parts loaded
@@ -90,8 +95,28 @@ def fit(targets: list[Target], specs: dict, key_map=None, ignore=frozenset()) ->
     loaded = whole | {i for i, got in pieces.items() if len(got) == _count(targets[i].shape, got)}
     for key in [k for k in result.parts if result.matched[k] not in loaded]:  # half a tensor is no value
         del result.matched[key], result.parts[key]
+    _fill_untied(targets, specs, ties, result, loaded)
     result.missing = [t.names[0] for i, t in enumerate(targets) if t.persistent and i not in loaded]
     return result
+
+
+def _fill_untied(targets: list[Target], specs: dict, ties, result: Fit, loaded: set) -> None:
+    """Targets that no key fills but that were tied to one a key fills whole: read from that key too."""
+    key_of = {n: k for k, i in result.matched.items() if k not in result.parts for n in targets[i].names}
+    for i, target in enumerate(targets):
+        if i in loaded or not target.persistent:
+            continue
+        key = next((key_of[other] for group in ties if set(group) & set(target.names)
+                    for other in group if other in key_of), None)
+        if key is None:
+            continue
+        result.untied[i] = key
+        loaded.add(i)
+        spec = specs[key]
+        if tuple(spec.shape) != tuple(target.shape):
+            result.misshaped.append((key, tuple(spec.shape), tuple(target.shape)))
+        elif spec.dtype != target.dtype:
+            result.dtype_mismatched.append((key, spec.dtype, target.dtype))
 
 
 def _count(shape: tuple, parts: set) -> int:
