@@ -89,20 +89,52 @@ def test_ties_stay_one_parameter_loaded_once(zoo_at, tmp_path):
     assert len(list(m.parameters())) == len(list(eager.parameters()))
 
 
-@pytest.mark.parametrize("copy", [None, True])
-def test_a_tie_broken_on_meta_fills_both_tensors_from_its_one_key_each_with_its_own_memory(zoo_at, tmp_path, copy):
-    """Tensor parallelism distributes a tied embedding and head apart (tests/test_dropin.py); here the head is
-    given a parameter of its own by hand. The file keeps the tie's one key, and both are read from it, into
-    separate memory: a step on one leaves the other as it was (two views of one mapping would move both)."""
-    eager = eager_model("user/tied")
-    m = zoo_at.get("user/tied")
-    m.head.weight = nn.Parameter(torch.empty_like(m.head.weight))  # on meta: untied
-    m.materialize(weights=save(tmp_path, eager), copy=copy)
+def untied(zoo_at, **options):
+    """The tied net with its head given a parameter of its own on meta, as tensor parallelism does when it
+    distributes a tied embedding and head apart (tests/test_dropin.py)."""
+    m = zoo_at.get("user/tied", **options)
+    m.head.weight = nn.Parameter(torch.empty_like(m.head.weight))
+    return m
+
+
+def assert_apart_and_equal(m, want: torch.Tensor) -> None:
+    """Both tensors hold `want`, each in memory of its own: a step on one leaves the other as it was."""
     assert m.head.weight is not m.embed.weight
-    assert torch.equal(m.head.weight, eager.embed.weight) and torch.equal(m.embed.weight, eager.embed.weight)
+    assert torch.equal(m.head.weight, want) and torch.equal(m.embed.weight, want)
     with torch.no_grad():
         m.head.weight.add_(1)
-    assert torch.equal(m.embed.weight, eager.embed.weight)
+    assert torch.equal(m.embed.weight, want)
+
+
+@pytest.mark.parametrize("copy", [None, True, False])
+def test_a_tie_broken_on_meta_fills_both_tensors_from_its_one_key_each_with_its_own_memory(zoo_at, tmp_path, copy):
+    """The file keeps the tie's one key; both are read from it (copy=False: two private mappings)."""
+    eager = eager_model("user/tied")
+    m = untied(zoo_at)
+    m.materialize(weights=save(tmp_path, eager), copy=copy)
+    assert_apart_and_equal(m, eager.embed.weight)
+
+
+def test_a_tie_broken_on_meta_initializes_both_as_the_constructor_does(zoo_at):
+    eager = eager_model("user/tied", seed=5)
+    torch.manual_seed(5)
+    assert_apart_and_equal(untied(zoo_at).materialize(), eager.embed.weight)
+
+
+def test_a_lazy_load_fills_the_untied_head_from_the_key_of_an_embedding_set_since(zoo_at, tmp_path):
+    eager = eager_model("user/tied")
+    m = untied(zoo_at, weights=save(tmp_path, eager), dispatch="lazy")
+    mine = torch.zeros(32, 8)
+    m.embed.weight = nn.Parameter(mine)  # the user's: the lazy load leaves it as it is
+    m(example_input("user/tied"))
+    assert m.embed.weight.data_ptr() == mine.data_ptr() and torch.equal(m.head.weight, eager.embed.weight)
+
+
+def test_a_head_of_another_shape_is_missing_not_filled_from_the_tie(zoo_at, tmp_path):
+    m = zoo_at.get("user/tied")
+    m.head = nn.Linear(8, 5, bias=False, device="meta")
+    with pytest.raises(zoo.WeightsMismatch, match=r"missing: head\.weight"):
+        m.materialize(weights=save(tmp_path, eager_model("user/tied")))
 
 
 def test_formats_pickles_shards_and_state_dicts(zoo_at, tmp_path):

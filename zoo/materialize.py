@@ -237,24 +237,24 @@ def _allocate_slots(slots, device, dtype, cast_non_persistent) -> None:
 def _map_file_views(plan, source: SafetensorsSource, dtype, cast_non_persistent):
     """Zero-copy: tensors that can be views of the mapped file become them (each with a storage of its
     own over the mapping); the rest stay in the plan."""
-    maps = {}  # fd -> its mapping
-    rest, mapped = [], set()
+    maps = {}  # (fd, use) -> a mapping: a key read twice (a tie sharding broke) is mapped twice, each copy-on-write
+    rest, uses = [], {}
     for key, slot in plan:
         rows = _rows(key, slot.box, source)
         file_dtype = getattr(torch, source.specs[key].dtype)
         fd, start, length = source.byte_range(key, rows or None)
-        if (rows is False or start % file_dtype.itemsize or length == 0 or key in mapped  # an untied tie: its own
+        if (rows is False or start % file_dtype.itemsize or length == 0
                 or _target_dtype(slot, dtype, cast_non_persistent) != file_dtype):
             rest.append((key, slot))
             continue
-        if fd not in maps:
+        uses[key] = use = uses.get(key, -1) + 1
+        if (fd, use) not in maps:
             source.check_unchanged()  # a view past the end would fault (SIGBUS) when read
-            maps[fd] = map_private(fd, os.fstat(fd).st_size)  # private: writes never reach the file
-        if start + length > len(maps[fd]):
+            maps[fd, use] = map_private(fd, os.fstat(fd).st_size)  # private: writes never reach the file
+        if start + length > len(maps[fd, use]):
             raise CheckpointError(f"{key}: the weights file is shorter than its header says (changed since opened)")
-        flat = torch.frombuffer(maps[fd], dtype=torch.uint8, count=length, offset=start)
+        flat = torch.frombuffer(maps[fd, use], dtype=torch.uint8, count=length, offset=start)
         slot.new = flat.view(file_dtype).view(slot.local_shape)
-        mapped.add(key)
     return rest
 
 
@@ -308,9 +308,7 @@ def _from_constructor(todo: list[Slot], device, recipe, built=None, meta_first: 
         todo = [s for s in todo if s.new is None]
         if not todo:
             return
-    eager = {s.name: s.tensor for s in slots_of(build_real(recipe, "cpu"))}
-    for slot in todo:
-        slot.new = slot.local(eager[slot.name].detach()).to(device)
+    _take(todo, build_real(recipe, "cpu"), device)
 
 
 def _initialize(slots, device, recipe) -> None:
@@ -321,9 +319,18 @@ def _initialize(slots, device, recipe) -> None:
     if recipe is None:
         raise MaterializeError("initializing without weights needs the model's recipe: get the module with zoo.get")
     _constructed(slots, recipe)  # every tensor is one the constructor makes, checked on meta first
-    eager = {s.name: s.tensor for s in slots_of(build_real(recipe, device))}
+    _take(slots, build_real(recipe, device), device)
+
+
+def _take(slots, eager: nn.Module, device) -> None:
+    """Each slot's value from an eager build, found by any of its names. A tensor two slots take (a tie
+    sharding broke) is copied for the second: each its own memory, as when read from a file."""
+    tensors = {name: s.tensor for s in slots_of(eager) for name in s.names}
+    taken = set()
     for slot in slots:
-        slot.new = slot.local(eager[slot.name].detach())
+        full = tensors[slot.name]
+        slot.new = slot.local(full.detach() if id(full) not in taken else full.detach().clone()).to(device)
+        taken.add(id(full))
 
 
 def _commit(slots) -> None:

@@ -66,8 +66,11 @@ def fit(targets: list[Target], specs: dict, key_map=None, ignore=frozenset(), ti
     by_name = {n: i for i, t in enumerate(targets) if t.persistent for n in t.names}
     result = Fit()
     whole, pieces = set(), {}  # target index -> the parts loaded
+    key_of = {}  # name -> the key that fills its tensor whole: a tie broken since reads it too
     for key, name in _key_mapping(list(specs), key_map, by_name).items():
         name, part = name if isinstance(name, tuple) else (name, None)
+        if name is not None and part is None:
+            key_of.setdefault(name, key)
         if name is None or name in ignore:
             continue
         index = by_name.get(name)
@@ -95,28 +98,25 @@ def fit(targets: list[Target], specs: dict, key_map=None, ignore=frozenset(), ti
     loaded = whole | {i for i, got in pieces.items() if len(got) == _count(targets[i].shape, got)}
     for key in [k for k in result.parts if result.matched[k] not in loaded]:  # half a tensor is no value
         del result.matched[key], result.parts[key]
-    _fill_untied(targets, specs, ties, result, loaded)
+    _fill_untied(targets, specs, ties, key_of, result, loaded)
     result.missing = [t.names[0] for i, t in enumerate(targets) if t.persistent and i not in loaded]
     return result
 
 
-def _fill_untied(targets: list[Target], specs: dict, ties, result: Fit, loaded: set) -> None:
-    """Targets that no key fills but that were tied to one a key fills whole: read from that key too."""
-    key_of = {n: k for k, i in result.matched.items() if k not in result.parts for n in targets[i].names}
+def _fill_untied(targets: list[Target], specs: dict, ties, key_of: dict, result: Fit, loaded: set) -> None:
+    """Targets that no key fills but that were tied to a name a key fills whole (a tensor loaded, or one left
+    as it is): read from that key too. One of another shape (a head replaced since) stays missing."""
     for i, target in enumerate(targets):
         if i in loaded or not target.persistent:
             continue
         key = next((key_of[other] for group in ties if set(group) & set(target.names)
                     for other in group if other in key_of), None)
-        if key is None:
+        if key is None or tuple(specs[key].shape) != tuple(target.shape):
             continue
         result.untied[i] = key
         loaded.add(i)
-        spec = specs[key]
-        if tuple(spec.shape) != tuple(target.shape):
-            result.misshaped.append((key, tuple(spec.shape), tuple(target.shape)))
-        elif spec.dtype != target.dtype:
-            result.dtype_mismatched.append((key, spec.dtype, target.dtype))
+        if specs[key].dtype != target.dtype:
+            result.dtype_mismatched.append((key, specs[key].dtype, target.dtype))
 
 
 def _count(shape: tuple, parts: set) -> int:
