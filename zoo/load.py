@@ -7,8 +7,8 @@ It reads the registry rows it needs through zoo.registry, never through zoo.api:
 from __future__ import annotations
 
 import contextlib
-import functools
 import dataclasses
+import functools
 from dataclasses import dataclass
 from pathlib import Path
 

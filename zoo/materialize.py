@@ -145,7 +145,7 @@ def _target_dtype(slot: Slot, dtype, cast_non_persistent: bool) -> torch.dtype:
 
 def check_fit(slots: list[Slot], specs: dict, strict: bool, key_map=None, ignore=frozenset(),
               ties=()) -> tuple[list, Fit]:
-    """The loading plan ((checkpoint key, slot) pairs: a key fills a tied tensor that sharding untied twice)
+    """The loading plan ((checkpoint key, slot) pairs; a key may fill two slots: a tie that sharding broke)
     and the fit, or WeightsMismatch naming what is missing, unexpected or misshaped. A dtype difference is
     fine: the value is cast. Keys naming `ignore` (tensors a lazy load leaves as they are) are neither loaded
     nor unexpected."""
