@@ -6,6 +6,7 @@ import os
 import traceback
 from dataclasses import dataclass
 from datetime import timedelta
+from functools import partial
 from pathlib import Path
 from typing import Callable
 
@@ -391,25 +392,11 @@ def _parallelize(sample: Sample, name: str, side: str, mesh, dp_mesh=None, plan=
     return model
 
 
-def _tp(sample: Sample, name: str, rank: int, side: str) -> dict:
+def _tp(sample: Sample, name: str, rank: int, side: str, world: int = 2, plan=tp_plan) -> dict:
     from torch.distributed.device_mesh import init_device_mesh
 
-    model = _parallelize(sample, name, side, init_device_mesh("cpu", (2,)))
+    model = _parallelize(sample, name, side, init_device_mesh("cpu", (world,)), plan=plan)
     return _trained(model, CASES[name], rank=0)  # every rank of a tensor-parallel group sees the same batch
-
-
-def _sp(sample: Sample, name: str, rank: int, side: str) -> dict:
-    from torch.distributed.device_mesh import init_device_mesh
-
-    model = _parallelize(sample, name, side, init_device_mesh("cpu", (2,)), plan=sequence_parallel_plan)
-    return _trained(model, CASES[name], rank=0)
-
-
-def _tp4(sample: Sample, name: str, rank: int, side: str) -> dict:
-    from torch.distributed.device_mesh import init_device_mesh
-
-    model = _parallelize(sample, name, side, init_device_mesh("cpu", (4,)), plan=mlp_plan)
-    return _trained(model, CASES[name], rank=0)
 
 
 def _fsdp_tp(sample: Sample, name: str, rank: int, side: str) -> dict:
@@ -423,8 +410,9 @@ def _fsdp_tp(sample: Sample, name: str, rank: int, side: str) -> dict:
 DDP_MODELS = ["torchvision/mobilenet_v3_small", LLAMA]
 FSDP_MODELS = ["timm/vit_tiny_patch16_224", "torchvision/mobilenet_v3_small", LLAMA]  # BatchNorm trains sharded
 TWO_RANK_CHECKS = ([(f"ddp-{n}", _ddp, n) for n in DDP_MODELS] + [(f"fsdp-{n}", _fsdp, n) for n in FSDP_MODELS]
-                   + [(f"tp-{LLAMA}", _tp, LLAMA), (f"sp-{LLAMA}", _sp, LLAMA)])
-FOUR_RANK_CHECKS = [(f"fsdp_tp-{LLAMA}", _fsdp_tp, LLAMA), (f"tp4-{LLAMA}", _tp4, LLAMA)]
+                   + [(f"tp-{LLAMA}", _tp, LLAMA), (f"sp-{LLAMA}", partial(_tp, plan=sequence_parallel_plan), LLAMA)])
+FOUR_RANK_CHECKS = [(f"fsdp_tp-{LLAMA}", _fsdp_tp, LLAMA),
+                    (f"tp4-{LLAMA}", partial(_tp, world=4, plan=mlp_plan), LLAMA)]
 
 
 def label(check: str, side: str) -> str:

@@ -5,8 +5,8 @@ import os
 
 import pytest
 import torch
-from torch import nn
 from safetensors.torch import save_file
+from torch import nn
 
 import zoo
 from zoo.errors import CheckpointError, InvalidArgument, WeightsMismatch
