@@ -5,6 +5,8 @@ read here independently of zoo."""
 
 import csv
 import json
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -366,6 +368,33 @@ def test_cli_weights_list(variants_url):
     assert [v["tag"] for v in listed["variants"]] == ["IMAGENET1K_V1"] and listed["tags"] == []
     missing = run_cli("weights", "list", "nope_net", registry=variants_url, check=False)
     assert missing.returncode == 1 and "no model named 'nope_net'" in missing.stderr
+
+
+@pytest.mark.parametrize("name", ["timm/resnet18", "resnet18.IMAGENET1K_V1", "timm/resnet50", "resnet50",
+                                  "efficientnet_b0", "torchvision/googlenet", "resnet18", "nope_net", "net50"])
+def test_listing_variants_reads_sqlite_as_the_sqlalchemy_path_does(variants_url, name):
+    """lite.variants (`zoo weights list` without SQLAlchemy) gives store.variants_of's answer, or None where that
+    is an error (an ambiguous or unknown name), so the SQLAlchemy path raises it with the close names."""
+    from zoo.errors import AmbiguousName, ModelNotFound
+    from zoo.registry import db, lite, store
+
+    with db.session(variants_url) as s:
+        try:
+            expected = store.variants_of(s, name)
+        except (AmbiguousName, ModelNotFound):
+            expected = None
+    assert lite.variants(variants_url, name) == expected
+    assert expected is not None or name in ("resnet18", "nope_net", "net50")  # every other name lists variants
+
+
+def test_weights_list_never_imports_sqlalchemy(variants_url):
+    code = ("import sys, zoo.cli\n"
+            "assert zoo.cli.main(['weights', 'list', 'timm/resnet50']) == 0\n"
+            "assert zoo.cli.main(['weights', 'list', 'resnet18.IMAGENET1K_V1', '--json']) == 0\n"
+            "assert 'sqlalchemy' not in sys.modules, [m for m in sys.modules if m.startswith('sqlalchemy')]\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True,
+                         env={"ZOO_REGISTRY": variants_url.removeprefix("sqlite:///"), "PATH": "/usr/bin:/bin"}).stdout
+    assert "timm/resnet50.a1_in1k" in out and '"architecture": "torchvision/resnet18"' in out
 
 
 def test_cli_index_pretrained_counts_and_skips_unchanged_variants(tmp_path):

@@ -88,6 +88,11 @@ class Zoo:
         """The architecture of `name` ("timm/resnet50", or one of its variants, "resnet50.a1_in1k") and every
         pretrained variant recorded for it, by name."""
         check_name(name)
+        from zoo.registry import lite
+
+        found = lite.variants(self.url, name)  # SQLite, without SQLAlchemy
+        if found is not None:
+            return found
         with db.session(self.url) as s:
             return store.variants_of(s, name)
 

@@ -10,7 +10,7 @@ from zoo import render
 from zoo.cli_bench import add_parser as add_bench_parser, measured_columns, measurement_rows
 from zoo.cli_index import add_parser as add_index_parser, progress_reporter
 from zoo.render import human, printable, table
-from zoo.errors import AnalysisError, InvalidArgument, ModelNotFound, ZooError
+from zoo.errors import AnalysisError, InvalidArgument, ZooError
 
 
 def cmd_search(zoo, args) -> int:
@@ -152,11 +152,11 @@ def cmd_weights(zoo, args) -> int:
 def _weights_list(zoo, args) -> int:
     if args.path is not None:
         raise InvalidArgument(f"zoo weights list NAME takes no file (got {args.path!r})")
+    from zoo.query import F
+
     arch, variants = zoo.variants(args.name)
-    try:
-        tags = zoo.info(arch).weights  # zoo weights add: files recorded for the architecture itself
-    except ModelNotFound:  # only its variants are recorded
-        tags = []
+    # zoo weights add: files recorded for the architecture itself, where its own row is (else only its variants)
+    tags = zoo.info(arch).weights if zoo.search(F.name == arch, fields=("name",)) else []
     if args.json:
         print(json.dumps({"architecture": arch, "variants": [v.as_dict() for v in variants], "tags": tags}, indent=1))
         return 0

@@ -156,12 +156,18 @@ def _decoder(column):
     return column.decode
 
 
+def _infos(rows) -> list:
+    """A ModelInfo per row of the public columns."""
+    from zoo.model_info import ModelInfo
+
+    names, decoders = [c.name for c in PUBLIC], [_decoder(c) for c in PUBLIC]
+    return [ModelInfo(**{n: d(v) for n, d, v in zip(names, decoders, row)}) for row in rows]
+
+
 def search(url: str, expression, order_by: str | None = None, limit: int | None = None,
            fields: tuple[str, ...] | None = None):
     """What store.search returns, from a plain SQLite registry file at this schema; None where this path
     does not apply (the caller then takes the SQLAlchemy path)."""
-    from zoo.model_info import ModelInfo
-
     path = sqlite_file(url)
     if path is None or (fields is not None and any(f not in BY_NAME or not BY_NAME[f].public for f in fields)):
         return None
@@ -184,9 +190,9 @@ def search(url: str, expression, order_by: str | None = None, limit: int | None 
         return None
     finally:
         con.close()
-    names, decoders = [c.name for c in PUBLIC], [_decoder(c) for c in PUBLIC]
     if fields is None:
-        return [ModelInfo(**{n: d(v) for n, d, v in zip(names, decoders, row)}) for row in rows]
+        return _infos(rows)
+    names, decoders = [c.name for c in PUBLIC], [_decoder(c) for c in PUBLIC]
     at = {n: i for i, n in enumerate(names)}
     return [{f: decoders[at[f]](row[at[f]]) for f in fields} for row in rows]
 
@@ -218,6 +224,35 @@ def info(url: str, name: str, tensors: bool = False):
     fields = {c.name: _decoder(c)(v) for c, v in zip(PUBLIC, values)}
     table = decode_tensors(blob[0]) if blob else None
     return ModelInfo(**fields, tensor_table=table, weights=weights), source_hash
+
+
+def variants(url: str, name: str):
+    """store.variants_of from a plain SQLite registry file at this schema (`zoo weights list`); None where this
+    path does not apply or the name is not exactly one architecture: the SQLAlchemy path then gives the error."""
+    con = _open(url)
+    if con is None:
+        return None
+    try:
+        con.execute("BEGIN")  # one snapshot: the architecture and its variants
+        arch = None
+        for column in ("name", "short"):  # store.resolve's rule: a full name, else a bare one only one family has
+            rows = con.execute(f"SELECT arch_name, name FROM models WHERE {column} = ? LIMIT 2", [name]).fetchall()
+            if rows:
+                arch = rows[0][0] or rows[0][1] if len(rows) == 1 else None
+                break
+        else:  # an architecture whose own row is not recorded, found by its variants
+            rows = con.execute("SELECT DISTINCT arch_name FROM models WHERE kind = 'variant' AND (arch_name = ? OR "
+                               "substr(arch_name, -?) = ?) LIMIT 2", [name, len(name) + 1, "/" + name]).fetchall()
+            arch = rows[0][0] if len(rows) == 1 else None
+        if arch is None:
+            return None
+        rows = con.execute(f"SELECT {_COLUMNS} FROM models WHERE arch_name = ? AND kind = 'variant' "
+                           "ORDER BY CAST(name AS BLOB)", [arch]).fetchall()
+    except sqlite3.Error:
+        return None
+    finally:
+        con.close()
+    return arch, _infos(rows)
 
 
 def measurements(url: str, name: str) -> list[dict] | None:
