@@ -2,6 +2,8 @@
 
 import json
 import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -9,6 +11,7 @@ from safetensors.torch import save_file
 from torch import nn
 
 import zoo
+from tests.conftest import ROOT
 from zoo.errors import CheckpointError, InvalidArgument, WeightsMismatch
 
 ROUND_TRIP = ["timm/resnet18", "timm/swin_tiny_patch4_window7_224", "timm/vit_tiny_patch16_224",
@@ -388,6 +391,46 @@ def test_zero_copy_views_of_the_mapped_file(zoo_at, tmp_path):
     assert open(path, "rb").read() == before
 
 
+def test_a_file_that_cannot_be_mapped_is_read_instead(tmp_path):
+    """Under `ulimit -v` a 4 GiB file cannot be mapped whole, though the part a model loads fits: the default
+    load reads those tensors instead (it raised OSError), and copy=False says why it cannot map them."""
+    weight, bias = torch.randn(256, 256), torch.randn(256)
+    header = {"weight": {"dtype": "F32", "shape": [256, 256], "data_offsets": [0, weight.nbytes]},
+              "bias": {"dtype": "F32", "shape": [256], "data_offsets": [weight.nbytes, weight.nbytes + bias.nbytes]},
+              "unused": {"dtype": "F32", "shape": [1 << 30], "data_offsets": [weight.nbytes + bias.nbytes,
+                                                                              weight.nbytes + bias.nbytes + (4 << 30)]}}
+    text = json.dumps(header).encode()
+    text += b" " * (-len(text) % 8)
+    path = tmp_path / "big.safetensors"
+    try:
+        with open(path, "wb") as f:
+            f.write(len(text).to_bytes(8, "little") + text + weight.numpy().tobytes() + bias.numpy().tobytes())
+            f.truncate(8 + len(text) + weight.nbytes + bias.nbytes + (4 << 30))  # a hole: no disk
+        torch.save({"weight": weight, "bias": bias}, tmp_path / "expected.pt")
+        code = (
+            "import resource, sys, torch\n"
+            "from torch import nn\n"
+            "from zoo.errors import MaterializeError\n"
+            "from zoo.materialize import materialize\n"
+            "size = int(next(l for l in open('/proc/self/status') if l.startswith('VmSize')).split()[1]) << 10\n"
+            "resource.setrlimit(resource.RLIMIT_AS, (size + (1 << 30), resource.RLIM_INFINITY))\n"
+            "expected = torch.load(sys.argv[2])\n"
+            "with torch.device('meta'):\n"
+            "    m, refused = nn.Linear(256, 256), nn.Linear(256, 256)\n"
+            "materialize(m, weights=sys.argv[1], strict=False)\n"
+            "assert all(torch.equal(m.state_dict()[k], v) for k, v in expected.items())\n"
+            "try:\n"
+            "    materialize(refused, weights=sys.argv[1], strict=False, copy=False)\n"
+            "    raise SystemExit('copy=False loaded views it cannot map')\n"
+            "except MaterializeError as e:\n"
+            "    assert 'copy=False' in str(e) and 'cannot map' in str(e), e\n"
+            "assert refused.weight.is_meta\n")
+        subprocess.run([sys.executable, "-c", code, str(path), str(tmp_path / "expected.pt")], check=True, cwd=ROOT,
+                       capture_output=True, text=True)
+    finally:
+        path.unlink(missing_ok=True)
+
+
 def test_copy_false_refuses_what_it_would_copy_before_allocating(zoo_at, tmp_path):
     """copy=False insists on views: a cast or a pickle would be copied, so it is refused and nothing loads."""
     eager = eager_model("timm/resnet18")
@@ -535,11 +578,6 @@ def test_check_reports_from_metadata_alone(zoo_at, tmp_path):
 
 
 def test_check_cli_needs_no_torch_for_safetensors(small_registry, tmp_path):
-    import subprocess
-    import sys
-
-    from tests.conftest import ROOT
-
     path = save(tmp_path, eager_model("timm/resnet18"))
     code = ("import sys, zoo\n"
             f"assert zoo.check('timm/resnet18', {path!r}).exact\n"

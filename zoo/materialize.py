@@ -175,7 +175,7 @@ def _load(slots, source: Source, device, dtype, strict, key_map, copy, cast_non_
         if not slot.tensor.is_meta and id(slot) not in loaded:
             slot.new = slot.tensor.to(device)
     if copy is not True and device.type == "cpu" and isinstance(source, SafetensorsSource):
-        plan = _map_file_views(plan, source, dtype, cast_non_persistent)
+        plan = _map_file_views(plan, source, dtype, cast_non_persistent, copy is False)
     if copy is False and (plan or parts):
         raise InvalidArgument(f"copy=False: {_names([k for k, _ in plan] + [*parts])} cannot be views of the file (a "
                               f"cast, a pickle, misaligned, fused or strided tensors): leave copy unset to copy those")
@@ -234,9 +234,10 @@ def _allocate_slots(slots, device, dtype, cast_non_persistent) -> None:
         slot.new = new
 
 
-def _map_file_views(plan, source: SafetensorsSource, dtype, cast_non_persistent):
+def _map_file_views(plan, source: SafetensorsSource, dtype, cast_non_persistent, insist: bool):
     """Zero-copy: tensors that can be views of the mapped file become them (each with a storage of its
-    own over the mapping); the rest stay in the plan."""
+    own over the mapping); the rest stay in the plan, as do a file's tensors where it cannot be mapped (no
+    address space for it under `ulimit -v`, a file system without mmap) unless views are insisted on."""
     maps = {}  # (fd, use) -> a mapping: a key read twice (a tie sharding broke) is mapped twice, each copy-on-write
     rest, uses = [], {}
     for key, slot in plan:
@@ -250,7 +251,15 @@ def _map_file_views(plan, source: SafetensorsSource, dtype, cast_non_persistent)
         uses[key] = use = uses.get(key, -1) + 1
         if (fd, use) not in maps:
             source.check_unchanged()  # a view past the end would fault (SIGBUS) when read
-            maps[fd, use] = map_private(fd, os.fstat(fd).st_size)  # private: writes never reach the file
+            try:
+                maps[fd, use] = map_private(fd, os.fstat(fd).st_size)  # private: writes never reach the file
+            except OSError as e:
+                if insist:
+                    raise MaterializeError(f"copy=False: {key}: {e.strerror}; leave copy unset to read it") from None
+                maps[fd, use] = None
+        if maps[fd, use] is None:
+            rest.append((key, slot))
+            continue
         if start + length > len(maps[fd, use]):
             raise CheckpointError(f"{key}: the weights file is shorter than its header says (changed since opened)")
         flat = torch.frombuffer(maps[fd, use], dtype=torch.uint8, count=length, offset=start)
