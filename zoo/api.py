@@ -164,9 +164,9 @@ class Zoo:
             return module
 
         # scan and estimate run with the row's own inputs (zoo.analysis.inputs.described): a variant's tag, a user's
-        state = ZooState(recipe, info.name, self.url, info.tag if info.kind == "variant" else None, inputs,
-                         None if overrides else info.load_args)
-        return bind(templates.cached(key, build), state)
+        module, ties = templates.cached(key, build)
+        return bind(module, ZooState(recipe, info.name, self.url, info.tag if info.kind == "variant" else None,
+                                     inputs, None if overrides else info.load_args, ties))
 
     def _row(self, name: str, tensors: bool = False) -> tuple[ModelInfo, str]:
         """A model's ModelInfo and source hash, in one snapshot (see zoo.load.row_of)."""

@@ -7,7 +7,6 @@ It reads the registry rows it needs through zoo.registry, never through zoo.api:
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import functools
 from dataclasses import dataclass
 from pathlib import Path
@@ -134,12 +133,8 @@ def _exists(path: str) -> bool:
 # --- what zoo.get binds to a module -------------------------------------------------------------
 
 def bind(module, state: ZooState):
-    """Give a built meta module its zoo state (with the ties it was built with) and its .materialize; returns
-    the module."""
-    from zoo.weights.slots import slots_of
-
-    ties = tuple(tuple(slot.names) for slot in slots_of(module) if len(slot.names) > 1)
-    set_state(module, dataclasses.replace(state, ties=ties))
+    """Give a built meta module its zoo state and its .materialize; returns the module."""
+    set_state(module, state)
     module.__dict__["materialize"] = Materializer(module)
     return module
 

@@ -13,24 +13,27 @@ import torch
 from torch import nn
 
 from zoo.caching import register
+from zoo.weights.slots import slots_of
 
 _MAX_TEMPLATES = 32
-_templates: "OrderedDict[tuple, nn.Module]" = OrderedDict()
+_templates: "OrderedDict[tuple, tuple[nn.Module, tuple]]" = OrderedDict()  # key -> (template, its ties)
 register("templates", _templates, _MAX_TEMPLATES)  # the least recently used goes first
 _PRIMITIVES = (int, float, str, bool, type(None), torch.dtype, torch.device, torch.Size)
 
 
-def cached(key: tuple, build) -> nn.Module:
-    """A fresh clone of the template under `key`, building the template with `build()` on a miss."""
-    template = _templates.get(key)
-    if template is None:
+def cached(key: tuple, build) -> tuple[nn.Module, tuple[tuple[str, ...], ...]]:
+    """A fresh clone of the template under `key`, building the template with `build()` on a miss, and its
+    ties: the names of each tensor it holds under several (a clone shares tensors as the template does).
+    Found once per template: a walk over an 80-layer model's tensors is 5 ms, a tenth of its clone."""
+    entry = _templates.get(key)
+    if entry is None:
         template = build()
-        _templates[key] = template
+        entry = _templates[key] = template, tuple(tuple(s.names) for s in slots_of(template) if len(s.names) > 1)
         while len(_templates) > _MAX_TEMPLATES:
             _templates.popitem(last=False)
     else:
         _templates.move_to_end(key)
-    return clone(template)
+    return clone(entry[0]), entry[1]
 
 
 def clear() -> None:
