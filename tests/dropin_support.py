@@ -17,7 +17,7 @@ from torch import nn
 import zoo
 from tests.conftest import ROOT
 from tests.test_hf import tiny_config
-from tests.test_materialize import eager_model, save
+from tests.test_materialize import eager_model, pad_header, save
 
 SHIPPED = str(ROOT / "registry.db")
 # The tiny transformers models are saved under these directory names; `zoo index hf DIR` names a row after
@@ -135,11 +135,14 @@ class Sample:
         return get_model(builder, weights=None, **_no_backbone(builder), **kwargs)
 
     def weights(self, name: str) -> str:
-        """The eager model's weights: a .safetensors file, or (hf) its save_pretrained directory; saved once."""
+        """The eager model's weights: a .safetensors file, or (hf) its save_pretrained directory; saved once,
+        the data 64-byte aligned."""
         if name.startswith("hf/"):
             path = self.root / name.removeprefix("hf/")
             if not path.exists():
                 self.eager(name).save_pretrained(path)
+                for file in path.glob("*.safetensors"):  # 64-byte aligned, as save() writes: views by default
+                    pad_header(file)
             return str(path)
         path = self.root / (name.replace("/", "_") + ".safetensors")
         if not path.exists():

@@ -43,12 +43,35 @@ def example_input(name: str):
 
 
 def save(tmp_path, model, name="w.safetensors") -> str:
+    """The model's state dict in a safetensors file whose data starts 64-byte aligned: a default load maps
+    each tensor that lies at a multiple of 64 (save_file itself aligns to 8 only)."""
     path = tmp_path / name
     state = {k: v.contiguous() for k, v in model.state_dict().items()}
     if "head.weight" in state and state["head.weight"].data_ptr() == state.get("embed.weight", torch.empty(0)).data_ptr():
         del state["head.weight"]  # safetensors stores a shared tensor once, as save_pretrained does
     save_file(state, str(path))
+    return pad_header(path)
+
+
+def pad_header(path, data_at: int = 0) -> str:
+    """Pad a safetensors file's header with spaces (JSON allows them; safetensors pads so itself) until its
+    tensor data starts `data_at` bytes past a multiple of 64."""
+    with open(path, "r+b") as f:
+        header = f.read(int.from_bytes(f.read(8), "little")).rstrip(b" ")
+        data = f.read()
+        size = len(header) + (data_at - 8 - len(header)) % 64
+        f.seek(0)
+        f.write(size.to_bytes(8, "little") + header.ljust(size) + data)
+        f.truncate()
     return str(path)
+
+
+def file_offsets(path) -> dict[str, int]:
+    """Where each tensor starts in a safetensors file, in bytes from the file's start."""
+    with open(path, "rb") as f:
+        size = int.from_bytes(f.read(8), "little")
+        header = json.loads(f.read(size))
+    return {k: 8 + size + v["data_offsets"][0] for k, v in header.items() if k != "__metadata__"}
 
 
 def assert_same_model(got, eager, name):
@@ -269,20 +292,17 @@ def test_a_shard_that_shrinks_mid_load_leaves_the_module_on_meta(zoo_at, tmp_pat
 
 
 def test_the_default_load_maps_the_file_and_copy_true_owns_its_memory(zoo_at, tmp_path):
-    """Same dtype on CPU: every tensor is a view of a private mapping of the file, each with a storage of its
-    own; copy=True: none is. Each load keeps no descriptor open (a process that loads many models would run
+    """Same dtype on CPU: every tensor the file holds 64-byte aligned is a view of a private mapping of the
+    file, each with a storage of its own, and the others are copies; copy=True: none is a view. Each load keeps no descriptor open (a process that loads many models would run
     out), and writing to a mapped tensor never reaches the file."""
     path = save(tmp_path, eager_model("timm/resnet18"))
     models = [zoo_at.get("timm/resnet18").materialize(weights=path)]  # the registry's connection opened
     before = os.listdir("/proc/self/fd")
     models += [zoo_at.get("timm/resnet18").materialize(weights=path) for _ in range(2)]
     assert len(os.listdir("/proc/self/fd")) == len(before)
-    ranges = _mappings_of(path)
     for m in models:
         state = m.state_dict()
-        for name, t in state.items():
-            if t.dtype == torch.float32:  # the file's dtype: mapped
-                assert any(lo <= t.data_ptr() < hi for lo, hi in ranges), name
+        assert_views_where_aligned(state, path)
         assert len({t.untyped_storage().data_ptr() for t in state.values()}) == len(state)
     with open(path, "rb") as f:
         on_disk = f.read()
@@ -293,7 +313,7 @@ def test_the_default_load_maps_the_file_and_copy_true_owns_its_memory(zoo_at, tm
     owned = zoo_at.get("timm/resnet18").materialize(weights=path, copy=True)
     ranges = _mappings_of(path)
     assert not any(lo <= t.data_ptr() < hi for t in owned.state_dict().values() for lo, hi in ranges)
-    del models, m, state, t
+    del models, m, state
     import gc
 
     gc.collect()
@@ -373,6 +393,39 @@ def _mappings_of(path) -> list[tuple[int, int]]:
                 start, end = (int(x, 16) for x in fields[0].split("-"))
                 ranges.append((start, end))
     return ranges
+
+
+def assert_views_where_aligned(state: dict, path) -> None:
+    """Each tensor the file holds at a multiple of 64 bytes is a view of the mapped file; no other is."""
+    ranges, offsets = _mappings_of(path), file_offsets(path)
+    mapped = {k: any(lo <= t.data_ptr() < hi for lo, hi in ranges) for k, t in state.items()}
+    assert mapped == {k: offsets[k] % 64 == 0 for k in state}
+    assert any(mapped.values()) and not all(mapped.values())  # the file holds tensors of both kinds
+
+
+def test_a_tensor_the_file_holds_unaligned_is_copied_so_it_computes_as_the_librarys(zoo_at, tmp_path):
+    """PyTorch allocates tensors 64-byte aligned, and its one-thread kernels (MKL's) round by alignment: the
+    default load copies the tensors a file holds elsewhere, so the model computes as the library's own, bit
+    for bit; copy=False maps them all the same."""
+    name = "torchvision/mobilenet_v3_small"
+    eager = eager_model(name)
+    path = pad_header(save(tmp_path, eager), data_at=8)
+    loaded = zoo_at.get(name).materialize(weights=path)
+    assert_views_where_aligned(loaded.state_dict(), path)
+    views = zoo_at.get(name).materialize(weights=path, copy=False)
+    ranges = _mappings_of(path)
+    assert all(any(lo <= t.data_ptr() < hi for lo, hi in ranges) for t in views.state_dict().values())
+    x, threads = example_input(name), torch.get_num_threads()
+
+    def training_forward(model):
+        torch.manual_seed(0)  # dropout draws alike
+        return model.train()(x)
+
+    torch.set_num_threads(1)  # as torchrun sets OMP_NUM_THREADS for each rank
+    try:
+        assert torch.equal(training_forward(loaded), training_forward(eager))
+    finally:
+        torch.set_num_threads(threads)
 
 
 @pytest.mark.skipif(not os.path.exists("/proc/self/maps"), reason="reads the process's mappings from /proc")

@@ -26,6 +26,9 @@ from zoo.weights.slots import Slot, like, slots_of
 from zoo.weights.stream import stream_into
 
 STREAMED = ("cuda",)  # device types that safetensors files stream onto through a ring of pinned buffers
+# PyTorch's CPU allocator aligns every tensor to 64 bytes, and BLAS kernels (MKL, one thread) round differently
+# on other alignments: a view at another offset would train apart, by ulps, from the library's own model.
+VIEW_ALIGNMENT = 64
 
 
 def materialize(module: nn.Module, device="cpu", weights=None, dtype: torch.dtype | str | None = None,
@@ -47,8 +50,10 @@ def materialize(module: nn.Module, device="cpu", weights=None, dtype: torch.dtyp
     drops a key). On CPU, a safetensors tensor whose file dtype is the one asked for is by default
     (copy=None, as transformers and safetensors do) a view of a private copy-on-write mapping of the
     file, with a storage of its own: no bytes are copied, training writes go to private pages and the
-    file is never changed; the file must not be truncated while the model lives. copy=True gives
-    owned memory; copy=False insists on views (InvalidArgument, first, where one would be copied or off CPU).
+    file is never changed; the file must not be truncated while the model lives. A tensor the file
+    does not hold 64-byte aligned, as PyTorch allocates, is copied (kernels round by alignment).
+    copy=True gives owned memory; copy=False insists on views, at any alignment of the tensor's
+    dtype (InvalidArgument, first, where one would be copied or off CPU).
     A dtype cast converts straight from the mapped file into the destination, chunk by chunk.
     On CUDA a safetensors file streams through a few reusable pinned buffers, copied asynchronously
     on a stream of its own while the next ones are read; dtype casts run on the GPU; the call
@@ -237,14 +242,16 @@ def _allocate_slots(slots, device, dtype, cast_non_persistent) -> None:
 def _map_file_views(plan, source: SafetensorsSource, dtype, cast_non_persistent, insist: bool):
     """Zero-copy: tensors that can be views of the mapped file become them (each with a storage of its
     own over the mapping); the rest stay in the plan, as do a file's tensors where it cannot be mapped (no
-    address space for it under `ulimit -v`, a file system without mmap) unless views are insisted on."""
+    address space for it under `ulimit -v`, a file system without mmap) unless views are insisted on.
+    A tensor becomes a view where it lies VIEW_ALIGNMENT-aligned in the file (the mapping starts on a
+    page), or, insisted on, where its dtype can be read there at all."""
     maps = {}  # (fd, use) -> a mapping: a key read twice (a tie sharding broke) is mapped twice, each copy-on-write
     rest, uses = [], {}
     for key, slot in plan:
         rows = _rows(key, slot.box, source)
         file_dtype = getattr(torch, source.specs[key].dtype)
         fd, start, length = source.byte_range(key, rows or None)
-        if (rows is False or start % file_dtype.itemsize or length == 0
+        if (rows is False or start % (file_dtype.itemsize if insist else VIEW_ALIGNMENT) or length == 0
                 or _target_dtype(slot, dtype, cast_non_persistent) != file_dtype):
             rest.append((key, slot))
             continue
