@@ -1,5 +1,9 @@
 """Every timm and torchvision model, built through zoo on meta, against its row and a plain build (slow)."""
 
+import functools
+import multiprocessing
+from concurrent.futures import ProcessPoolExecutor
+
 import pytest
 import torch
 
@@ -41,32 +45,70 @@ def _table(module) -> list:
     return [(t.name, t.kind, t.persistent, t.shape, t.dtype, t.tied_to) for t in inspect_module(module).tensor_table]
 
 
+@functools.cache
+def _shipped():
+    return zoo.connect(str(ROOT / "registry.db"))
+
+
+def _failure(check, family_name: str, name: str) -> str | None:
+    """What check(family_name, name) raised, if anything: the tests list every failure, they skip none."""
+    try:
+        check(family_name, name)
+    except Exception as e:
+        return f"{type(e).__name__}: {str(e)[:300]}"
+    return None
+
+
+def _failures(check, family_name: str, names: list[str]) -> dict[str, str]:
+    """check on every name, in two spawned processes (one would leave one of CI's two cores idle for a quarter
+    of an hour): {name: its failure}."""
+    with ProcessPoolExecutor(2, mp_context=multiprocessing.get_context("spawn")) as pool:
+        results = pool.map(functools.partial(_failure, check, family_name), names, chunksize=8)
+        return {name: failure for name, failure in zip(names, results) if failure}
+
+
+def _check_model(family_name: str, builder: str) -> None:
+    info = _shipped().info(f"{family_name}/{builder}", tensors=True)
+    assert info.status == "ok", f"recorded as failed: {info.error}"
+    built = _shipped().get(f"{family_name}/{builder}")  # a zoo build on meta, checked against the row's table
+    assert all(t.is_meta for t in [*built.parameters(), *built.buffers()])
+    reference = plain_build(family_name, builder)
+    expected = inspect_module(reference)
+    recorded = [(t.name, t.kind, t.persistent, t.shape, t.dtype, t.tied_to) for t in info.tensor_table]
+    assert recorded == _table(reference) == _table(built)
+    assert (info.params, info.trainable, info.buffers, info.tensors, info.bytes) == (
+        expected.params, expected.trainable, expected.buffers, expected.tensors, expected.bytes)
+    assert info.params == sum(p.numel() for p in reference.parameters())
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("family_name", ["timm", "torchvision"])
 def test_every_model_builds_through_zoo_and_matches_its_row(family_name):
-    shipped = zoo.connect(str(ROOT / "registry.db"))
-    failures: dict[str, str] = {}
     builders = family(family_name).available()
-    for builder in builders:
-        name = f"{family_name}/{builder}"
-        try:
-            info = shipped.info(name, tensors=True)
-            if info.status != "ok":
-                failures[name] = f"recorded as failed: {info.error}"
-                continue
-            built = shipped.get(name)  # a zoo build on meta, checked against the row's tensor table
-            assert all(t.is_meta for t in [*built.parameters(), *built.buffers()])
-            reference = plain_build(family_name, builder)
-            expected = inspect_module(reference)
-            recorded = [(t.name, t.kind, t.persistent, t.shape, t.dtype, t.tied_to) for t in info.tensor_table]
-            assert recorded == _table(reference) == _table(built)
-            assert (info.params, info.trainable, info.buffers, info.tensors, info.bytes) == (
-                expected.params, expected.trainable, expected.buffers, expected.tensors, expected.bytes)
-            assert info.params == sum(p.numel() for p in reference.parameters())
-        except Exception as e:  # collected: the test lists every failure, it skips none
-            failures[name] = f"{type(e).__name__}: {str(e)[:300]}"
+    failures = _failures(_check_model, family_name, builders)
     assert not failures, f"{len(failures)} of {len(builders)} {family_name} models failed:\n" + "\n".join(
         f"  {n}: {e}" for n, e in sorted(failures.items()))
+
+
+@functools.cache
+def _variants(family_name: str) -> dict:
+    from zoo.indexer import wanted_variants
+
+    return wanted_variants(family_name)
+
+
+def _check_variant(family_name: str, name: str) -> None:
+    recipe, variant = _variants(family_name)[name]
+    info = _shipped().info(name, tensors=True)
+    assert info.status == "ok", f"recorded as failed: {info.error}"
+    if family_name == "torchvision":  # quantized weights: the float model's count, as torchvision publishes
+        from torchvision.models import get_model_weights
+
+        assert info.params == get_model_weights(recipe.builder)[variant["tag"]].meta["num_params"]
+        return
+    reference = plain_build("timm", recipe.builder)
+    assert [(t.name, t.shape, t.dtype) for t in info.tensor_table] == [(t[0], t[3], t[4]) for t in _table(reference)]
+    assert info.params == sum(p.numel() for p in reference.parameters())
 
 
 @pytest.mark.slow
@@ -74,29 +116,7 @@ def test_every_model_builds_through_zoo_and_matches_its_row(family_name):
 def test_every_pretrained_variant_matches_its_plain_build(family_name):
     """Every variant row of the shipped registry: timm's against a plain timm.create_model(tag), torchvision's
     params against the weights' published num_params (quantized weights: the float model's, as torchvision's)."""
-    from zoo.indexer import wanted_variants
-
-    shipped = zoo.connect(str(ROOT / "registry.db"))
-    failures: dict[str, str] = {}
-    variants = wanted_variants(family_name)
-    for name, (recipe, variant) in variants.items():
-        try:
-            info = shipped.info(name, tensors=True)
-            if family_name == "torchvision":
-                from torchvision.models import get_model_weights
-
-                meta = get_model_weights(recipe.builder)[variant["tag"]].meta
-                assert info.status == "ok", info.error  # quantized: the float model's count, as published
-                assert info.params == meta["num_params"]
-                continue
-            if info.status != "ok":
-                failures[name] = f"recorded as failed: {info.error}"
-                continue
-            reference = plain_build("timm", recipe.builder)
-            assert [(t.name, t.shape, t.dtype) for t in info.tensor_table] == \
-                [(t[0], t[3], t[4]) for t in _table(reference)]
-            assert info.params == sum(p.numel() for p in reference.parameters())
-        except Exception as e:  # collected: the test lists every failure, it skips none
-            failures[name] = f"{type(e).__name__}: {str(e)[:300]}"
+    variants = list(_variants(family_name))
+    failures = _failures(_check_variant, family_name, variants)
     assert not failures, f"{len(failures)} of {len(variants)} {family_name} variants failed:\n" + "\n".join(
         f"  {n}: {e}" for n, e in sorted(failures.items()))
