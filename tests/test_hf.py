@@ -116,6 +116,47 @@ def test_tiny_round_trip_equals_from_pretrained(tiny, kind):
     assert torch.equal(forward(m, kind), forward(ref, kind))
 
 
+@pytest.mark.skipif(not os.path.exists("/proc/self/maps"), reason="reads the process's mappings from /proc")
+def test_a_language_model_maps_its_file_where_from_pretrained_does_and_trains_as_it(tiny, tmp_path):
+    """from_pretrained hands out views of the file wherever it holds a tensor; zoo's default load maps the same
+    tensors, those not 64-byte aligned too, at the same alignment, and the two models train alike, bit for bit."""
+    from tests.test_materialize import _mappings_of, pad_header
+
+    registry, dirs = tiny
+    src = tmp_path / "llama"
+    shutil.copytree(dirs["llama"], src)
+    for file in src.glob("*.safetensors"):
+        pad_header(file, data_at=8)  # every tensor 8 bytes past a multiple of 64
+    ref = transformers.AutoModelForCausalLM.from_pretrained(src)
+    m = registry.get(NAMES["llama"]).materialize(weights=str(src))
+    mapped = [r for file in src.glob("*.safetensors") for r in _mappings_of(file)]
+    for key, t in m.state_dict().items():
+        assert any(lo <= t.data_ptr() < hi for lo, hi in mapped), f"{key} was copied"
+    alignment = {k: t.data_ptr() % 64 for k, t in m.state_dict().items()}
+    assert alignment == {k: t.data_ptr() % 64 for k, t in ref.state_dict().items()}
+    assert set(alignment.values()) == {8}
+    threads = torch.get_num_threads()
+
+    def train(model):
+        opt, gen, losses = torch.optim.AdamW(model.parameters(), lr=1e-3), torch.Generator().manual_seed(1), []
+        for _ in range(3):
+            ids = torch.randint(1, 128, (2, 9), generator=gen)
+            loss = model(input_ids=ids, labels=ids).loss
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            losses.append(loss.item())
+        return losses, model.state_dict()
+
+    torch.set_num_threads(1)  # as torchrun sets OMP_NUM_THREADS for each rank
+    try:
+        (got_losses, got), (want_losses, want) = train(m.train()), train(ref.train())
+    finally:
+        torch.set_num_threads(threads)
+    assert got_losses == want_losses
+    assert all(torch.equal(got[k], want[k]) for k in want)
+
+
 def test_a_lazy_language_model_loads_on_generate_and_generates_as_from_pretrained(tiny):
     """generate() is not forward: its first use of the model (reading its device from its parameters, then the
     call) loads the weights, and greedy decoding gives from_pretrained's tokens. Fails with neither load."""

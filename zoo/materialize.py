@@ -26,9 +26,10 @@ from zoo.weights.slots import Slot, like, slots_of
 from zoo.weights.stream import stream_into
 
 STREAMED = ("cuda",)  # device types that safetensors files stream onto through a ring of pinned buffers
-# PyTorch's CPU allocator aligns every tensor to 64 bytes, and BLAS kernels (MKL, one thread) round differently
+# PyTorch's CPU allocator aligns every tensor to 64 bytes, and some kernels (MKL, one thread) round differently
 # on other alignments: a view at another offset would train apart, by ulps, from the library's own model.
 VIEW_ALIGNMENT = 64
+HF = "hf"  # transformers' from_pretrained maps the file as zoo does: its own views lie at the file's offsets
 
 
 def materialize(module: nn.Module, device="cpu", weights=None, dtype: torch.dtype | str | None = None,
@@ -51,7 +52,8 @@ def materialize(module: nn.Module, device="cpu", weights=None, dtype: torch.dtyp
     (copy=None, as transformers and safetensors do) a view of a private copy-on-write mapping of the
     file, with a storage of its own: no bytes are copied, training writes go to private pages and the
     file is never changed; the file must not be truncated while the model lives. A tensor the file
-    does not hold 64-byte aligned, as PyTorch allocates, is copied (kernels round by alignment).
+    does not hold 64-byte aligned, as PyTorch allocates, is copied (kernels round by alignment), except
+    in a transformers model: from_pretrained maps it at that same alignment, and so does zoo.
     copy=True gives owned memory; copy=False insists on views, at any alignment of the tensor's
     dtype (InvalidArgument, first, where one would be copied or off CPU).
     A dtype cast converts straight from the mapped file into the destination, chunk by chunk.
@@ -180,7 +182,7 @@ def _load(slots, source: Source, device, dtype, strict, key_map, copy, cast_non_
         if not slot.tensor.is_meta and id(slot) not in loaded:
             slot.new = slot.tensor.to(device)
     if copy is not True and device.type == "cpu" and isinstance(source, SafetensorsSource):
-        plan = _map_file_views(plan, source, dtype, cast_non_persistent, copy is False)
+        plan = _map_file_views(plan, source, dtype, cast_non_persistent, copy is False, _view_alignment(recipe))
     if copy is False and (plan or parts):
         raise InvalidArgument(f"copy=False: {_names([k for k, _ in plan] + [*parts])} cannot be views of the file (a "
                               f"cast, a pickle, misaligned, fused or strided tensors): leave copy unset to copy those")
@@ -239,19 +241,26 @@ def _allocate_slots(slots, device, dtype, cast_non_persistent) -> None:
         slot.new = new
 
 
-def _map_file_views(plan, source: SafetensorsSource, dtype, cast_non_persistent, insist: bool):
+def _view_alignment(recipe) -> int | None:
+    """The file alignment a tensor needs to become a view by default: PyTorch's, so that it computes as the
+    library's own model; for a transformers model none beyond its dtype's, as from_pretrained's views."""
+    return None if recipe is not None and recipe.family == HF else VIEW_ALIGNMENT
+
+
+def _map_file_views(plan, source: SafetensorsSource, dtype, cast_non_persistent, insist: bool, alignment):
     """Zero-copy: tensors that can be views of the mapped file become them (each with a storage of its
     own over the mapping); the rest stay in the plan, as do a file's tensors where it cannot be mapped (no
     address space for it under `ulimit -v`, a file system without mmap) unless views are insisted on.
-    A tensor becomes a view where it lies VIEW_ALIGNMENT-aligned in the file (the mapping starts on a
-    page), or, insisted on, where its dtype can be read there at all."""
+    A tensor becomes a view where it lies `alignment`-aligned in the file (the mapping starts on a page),
+    or, insisted on or with no alignment asked, where its dtype can be read there at all."""
     maps = {}  # (fd, use) -> a mapping: a key read twice (a tie sharding broke) is mapped twice, each copy-on-write
     rest, uses = [], {}
     for key, slot in plan:
         rows = _rows(key, slot.box, source)
         file_dtype = getattr(torch, source.specs[key].dtype)
         fd, start, length = source.byte_range(key, rows or None)
-        if (rows is False or start % (file_dtype.itemsize if insist else VIEW_ALIGNMENT) or length == 0
+        need = file_dtype.itemsize if insist or alignment is None else alignment
+        if (rows is False or start % need or length == 0
                 or _target_dtype(slot, dtype, cast_non_persistent) != file_dtype):
             rest.append((key, slot))
             continue
