@@ -12,6 +12,9 @@ Loads, every one in a fresh process with the page cache warm, in alternating ord
   dcp            DCP's HuggingFaceStorageReader into the meta-built model after to_empty
   timm           timm.create_model(name, pretrained=True, pretrained_cfg_overlay=dict(file=FILE)) (ViT-L)
   floor          preadv of the files into private memory (same dtype), or mmap + cast per tensor (fp32 -> bf16)
+Each process imports torch and the model's library (transformers, timm) before the clock; a loader's own
+modules (zoo, accelerate, DCP) are imported inside it: DCP's import pulls torch._dynamo, which building the
+Llama needs too (transformers' config imports torchvision), so imported before the clock it hid a second.
 Columns (medians): load s (the loading call, model built included; zoo's materialize alone is its `read`
 in --json and the copy=True line), touched s (load plus reading every
 page of every tensor once), process s (interpreter start to exit), peak RSS over the model's bytes.
@@ -66,9 +69,10 @@ print(json.dumps(dict(load=load_s, read=globals().get("read_s", load_s), touched
 
 LOADERS = {
     "zoo": """
-import torch, zoo, {library}  # the library the model needs, imported before the clock as the peers do
+import torch, {library}  # the library the model needs, imported before the clock; each loader's own inside
 def load():
     global read_s
+    import zoo
     model = zoo.connect({url!r}).get({name!r})
     t = time.perf_counter()
     model.materialize(weights={path!r}, dtype={dtype})
@@ -76,9 +80,10 @@ def load():
     return model
 """,
     "zoo copy=True": """
-import torch, zoo, {library}
+import torch, {library}
 def load():
     global read_s
+    import zoo
     model = zoo.connect({url!r}).get({name!r})
     t = time.perf_counter()
     model.materialize(weights={path!r}, dtype={dtype}, copy=True)
@@ -92,8 +97,8 @@ def load():
 """,
     "accelerate": """
 import torch, transformers
-from accelerate import init_empty_weights, load_checkpoint_and_dispatch
 def load():
+    from accelerate import init_empty_weights, load_checkpoint_and_dispatch
     config = transformers.AutoConfig.from_pretrained({path!r})
     with init_empty_weights():
         model = transformers.AutoModelForCausalLM.from_config(config, dtype={dtype})
@@ -101,9 +106,9 @@ def load():
 """,
     "dcp": """
 import torch, transformers
-import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint import HuggingFaceStorageReader
 def load():
+    import torch.distributed.checkpoint as dcp  # it imports torch._dynamo, which the model's build needs too
+    from torch.distributed.checkpoint import HuggingFaceStorageReader
     config = transformers.AutoConfig.from_pretrained({path!r})
     with torch.device("meta"):
         model = transformers.AutoModelForCausalLM.from_config(config, dtype={dtype})

@@ -141,8 +141,8 @@ class Sample:
             path = self.root / name.removeprefix("hf/")
             if not path.exists():
                 self.eager(name).save_pretrained(path)
-                for file in path.glob("*.safetensors"):  # 64-byte aligned, as save() writes: views by default
-                    pad_header(file)
+                for file in path.glob("*.safetensors"):  # 64-byte aligned as the eager model's memory: the views
+                    pad_header(file)  # compute as it does on any machine (from_pretrained's do at any alignment)
             return str(path)
         path = self.root / (name.replace("/", "_") + ".safetensors")
         if not path.exists():
