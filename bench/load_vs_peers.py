@@ -174,7 +174,7 @@ def make_checkpoints(cases) -> dict:
         target = WORK / CASES[case][0]
         if target.exists():
             continue
-        print(f"making {target} ...", flush=True)
+        print(f"making {target} ...", file=sys.stderr, flush=True)  # stdout: the table or --json
         if case == "vit":
             import zoo
             from safetensors.torch import save_file

@@ -182,7 +182,8 @@ def _load(slots, source: Source, device, dtype, strict, key_map, copy, cast_non_
         if not slot.tensor.is_meta and id(slot) not in loaded:
             slot.new = slot.tensor.to(device)
     if copy is not True and device.type == "cpu" and isinstance(source, SafetensorsSource):
-        plan = _map_file_views(plan, source, dtype, cast_non_persistent, copy is False, _view_alignment(recipe))
+        insist = copy is False
+        plan = _map_file_views(plan, source, dtype, cast_non_persistent, insist, _view_alignment(recipe, insist))
     if copy is False and (plan or parts):
         raise InvalidArgument(f"copy=False: {_names([k for k, _ in plan] + [*parts])} cannot be views of the file (a "
                               f"cast, a pickle, misaligned, fused or strided tensors): leave copy unset to copy those")
@@ -241,10 +242,11 @@ def _allocate_slots(slots, device, dtype, cast_non_persistent) -> None:
         slot.new = new
 
 
-def _view_alignment(recipe) -> int | None:
-    """The file alignment a tensor needs to become a view by default: PyTorch's, so that it computes as the
-    library's own model; for a transformers model none beyond its dtype's, as from_pretrained's views."""
-    return None if recipe is not None and recipe.family == HF else VIEW_ALIGNMENT
+def _view_alignment(recipe, insist: bool) -> int | None:
+    """The file alignment a tensor needs to become a view: PyTorch's by default, so that it computes as the
+    library's own model; none beyond its dtype's where views are insisted on, or for a transformers model (as
+    from_pretrained's views)."""
+    return None if insist or (recipe is not None and recipe.family == HF) else VIEW_ALIGNMENT
 
 
 def _map_file_views(plan, source: SafetensorsSource, dtype, cast_non_persistent, insist: bool, alignment):
@@ -252,15 +254,14 @@ def _map_file_views(plan, source: SafetensorsSource, dtype, cast_non_persistent,
     own over the mapping); the rest stay in the plan, as do a file's tensors where it cannot be mapped (no
     address space for it under `ulimit -v`, a file system without mmap) unless views are insisted on.
     A tensor becomes a view where it lies `alignment`-aligned in the file (the mapping starts on a page),
-    or, insisted on or with no alignment asked, where its dtype can be read there at all."""
+    or, with no alignment asked, where its dtype can be read there at all."""
     maps = {}  # (fd, use) -> a mapping: a key read twice (a tie sharding broke) is mapped twice, each copy-on-write
     rest, uses = [], {}
     for key, slot in plan:
         rows = _rows(key, slot.box, source)
         file_dtype = getattr(torch, source.specs[key].dtype)
         fd, start, length = source.byte_range(key, rows or None)
-        need = file_dtype.itemsize if insist or alignment is None else alignment
-        if (rows is False or start % need or length == 0
+        if (rows is False or start % (alignment or file_dtype.itemsize) or length == 0
                 or _target_dtype(slot, dtype, cast_non_persistent) != file_dtype):
             rest.append((key, slot))
             continue
