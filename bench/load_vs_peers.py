@@ -5,16 +5,18 @@ unless --keep): a 1.1 B Llama (TinyLlama-1.1B's shape) saved by save_pretrained 
 bf16 and in fp32; and timm's vit_large_patch16_224 (1.22 GB fp32) as one safetensors file.
 
 Loads, every one in a fresh process with the page cache warm, in alternating order, --rounds rounds:
-  zoo            zoo.get + materialize (CPU default: same-dtype tensors are views of the mapped file)
+  zoo            zoo.get + materialize (CPU default: same-dtype tensors are views of the mapped file, all of
+                 the Llama's as from_pretrained's, ViT-L's where 64-byte aligned; the rest copied)
   zoo copy=True  the same into owned memory
   transformers   AutoModelForCausalLM.from_pretrained(DIR, dtype=...)
   accelerate     init_empty_weights + load_checkpoint_and_dispatch(device_map={"": "cpu"}, dtype=...)
   dcp            DCP's HuggingFaceStorageReader into the meta-built model after to_empty
   timm           timm.create_model(name, pretrained=True, pretrained_cfg_overlay=dict(file=FILE)) (ViT-L)
   floor          preadv of the files into private memory (same dtype), or mmap + cast per tensor (fp32 -> bf16)
-Each process imports torch and the model's library (transformers, timm) before the clock; a loader's own
-modules (zoo, accelerate, DCP) are imported inside it: DCP's import pulls torch._dynamo, which building the
-Llama needs too (transformers' config imports torchvision), so imported before the clock it hid a second.
+Each loader's process imports torch and the model's library (transformers, timm) before the clock, and the
+loader's own modules (zoo, accelerate, DCP) inside it: DCP's import pulls torch._dynamo, which building the
+Llama imports too (through transformers' config, which imports torchvision), so imported before the clock it
+hid a second of the build from DCP's column. (The floor imports torch and safetensors only.)
 Columns (medians): load s (the loading call, model built included; zoo's materialize alone is its `read`
 in --json and the copy=True line), touched s (load plus reading every
 page of every tensor once), process s (interpreter start to exit), peak RSS over the model's bytes.

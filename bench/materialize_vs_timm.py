@@ -2,8 +2,9 @@
 
 For each model (default: vit_large_patch16_224, 1.2 GB fp32, and convnext_xxlarge, 3.4 GB),
 one run prints:
-  - zoo.get + materialize(weights=FILE.safetensors), file in the page cache (by default zero-copy: views of a
-    private mapping of the file; and with copy=True: each tensor allocated, then read into), against
+  - zoo.get + materialize(weights=FILE.safetensors), file in the page cache (by default views of a private
+    mapping of the file where it holds a tensor 64-byte aligned, the rest copied; and with copy=True: each
+    tensor allocated, then read into), against
       timm.create_model(name, pretrained=True, pretrained_cfg_overlay=dict(file=FILE.safetensors)) and
       timm.create_model(name) + load_state_dict(torch.load(FILE.pth, mmap=True));
   - copy=True's throughput against the limit measured in the same run: the same file read into one freshly
@@ -188,7 +189,7 @@ def main() -> None:
         return
     for r in rows:
         print(f"{r['model']} ({r['bytes'] / 1e9:.2f} GB)")
-        print(f"  zoo get+materialize     {r['zoo_s']:7.2f} s   {r['zoo_gb_s']:.2f} GB/s (zero-copy: views of the file)")
+        print(f"  zoo get+materialize     {r['zoo_s']:7.2f} s   {r['zoo_gb_s']:.2f} GB/s (default: views where aligned)")
         print(f"  the same, copy=True     {r['zoo_copy_s']:7.2f} s   {r['zoo_copy_gb_s']:.2f} GB/s (owned memory, read)")
         print(f"  timm pretrained=True    {r['timm_pretrained_s']:7.2f} s   zoo {r['speedup_vs_timm']:.1f}x faster (target >= 5x)")
         print(f"  eager + load_state_dict {r['eager_load_state_dict_s']:7.2f} s   zoo {r['speedup_vs_eager']:.1f}x faster")

@@ -121,6 +121,8 @@ def test_a_language_model_maps_its_file_where_from_pretrained_does_and_trains_as
     """from_pretrained hands out views of the file wherever it holds a tensor; zoo's default load maps the same
     tensors, those not 64-byte aligned too, at the same alignment, and the two models train alike, bit for bit."""
     from tests.test_materialize import _mappings_of, pad_header
+    from zoo.materialize import materialize
+    from zoo.meta import force_meta
 
     registry, dirs = tiny
     src = tmp_path / "llama"
@@ -129,12 +131,16 @@ def test_a_language_model_maps_its_file_where_from_pretrained_does_and_trains_as
         pad_header(file, data_at=8)  # every tensor 8 bytes past a multiple of 64
     ref = transformers.AutoModelForCausalLM.from_pretrained(src)
     m = registry.get(NAMES["llama"]).materialize(weights=str(src))
+    with force_meta():
+        plain = transformers.AutoModelForCausalLM.from_config(ref.config)
+    materialize(plain, weights=str(src))  # no zoo.get: the module's class says it is transformers'
     mapped = [r for file in src.glob("*.safetensors") for r in _mappings_of(file)]
-    for key, t in m.state_dict().items():
-        assert any(lo <= t.data_ptr() < hi for lo, hi in mapped), f"{key} was copied"
-    alignment = {k: t.data_ptr() % 64 for k, t in m.state_dict().items()}
-    assert alignment == {k: t.data_ptr() % 64 for k, t in ref.state_dict().items()}
-    assert set(alignment.values()) == {8}
+    for model in (m, plain):
+        for key, t in model.state_dict().items():
+            assert any(lo <= t.data_ptr() < hi for lo, hi in mapped), f"{key} was copied"
+        alignment = {k: t.data_ptr() % 64 for k, t in model.state_dict().items()}
+        assert alignment == {k: t.data_ptr() % 64 for k, t in ref.state_dict().items()}
+        assert set(alignment.values()) == {8}
     threads = torch.get_num_threads()
 
     def train(model):

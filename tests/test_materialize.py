@@ -403,6 +403,7 @@ def assert_views_where_aligned(state: dict, path) -> None:
     assert any(mapped.values()) and not all(mapped.values())  # the file holds tensors of both kinds
 
 
+@pytest.mark.skipif(not os.path.exists("/proc/self/maps"), reason="reads the process's mappings from /proc")
 def test_a_tensor_the_file_holds_unaligned_is_copied_so_it_computes_as_the_librarys(zoo_at, tmp_path):
     """PyTorch allocates tensors 64-byte aligned, and its one-thread kernels (MKL's) round by alignment: the
     default load copies the tensors a file holds elsewhere, so the model computes as the library's own, bit

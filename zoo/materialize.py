@@ -11,7 +11,7 @@ from torch import nn
 from torch.nn.modules.module import _IncompatibleKeys as IncompatibleKeys  # load_state_dict's
 
 from zoo.errors import CheckpointError, InvalidArgument, MaterializeError, WeightsMismatch
-from zoo.families.hf_keys import hf_key_map
+from zoo.families.hf_keys import hf_key_map, is_transformers_model
 from zoo.dtypes import float_dtype
 from zoo.inspection import dtype_name
 from zoo.meta import value_of
@@ -29,7 +29,6 @@ STREAMED = ("cuda",)  # device types that safetensors files stream onto through 
 # PyTorch's CPU allocator aligns every tensor to 64 bytes, and some kernels (MKL, one thread) round differently
 # on other alignments: a view at another offset would train apart, by ulps, from the library's own model.
 VIEW_ALIGNMENT = 64
-HF = "hf"  # transformers' from_pretrained maps the file as zoo does: its own views lie at the file's offsets
 
 
 def materialize(module: nn.Module, device="cpu", weights=None, dtype: torch.dtype | str | None = None,
@@ -105,7 +104,7 @@ def load_into(module: nn.Module, device="cpu", weights=None, dtype=None, strict:
                 key_map = hf_key_map(module, [n for s in slots_of(module) for n in s.names])
             with open_source(weights) as source:
                 result = _load(slots, source, device, dtype, strict, key_map, copy, cast_non_persistent, recipe,
-                               kept, state.ties if state else ())
+                               kept, state.ties if state else (), _view_alignment(module))
         _fill_non_persistent(slots, device, recipe)
         for slot in slots:
             want = _target_dtype(slot, dtype, cast_non_persistent)
@@ -170,7 +169,7 @@ def check_fit(slots: list[Slot], specs: dict, strict: bool, key_map=None, ignore
 
 
 def _load(slots, source: Source, device, dtype, strict, key_map, copy, cast_non_persistent, recipe,
-          ignore=frozenset(), ties=()) -> Fit:
+          ignore=frozenset(), ties=(), alignment=VIEW_ALIGNMENT) -> Fit:
     pairs, result = check_fit(slots, source.specs, strict, key_map, ignore, ties)
     parts = {key: (slot, result.parts[key]) for key, slot in pairs if key in result.parts}  # each fills part of one
     plan = [(key, slot) for key, slot in pairs if key not in result.parts]  # (key, slot): each fills a whole tensor
@@ -183,7 +182,7 @@ def _load(slots, source: Source, device, dtype, strict, key_map, copy, cast_non_
             slot.new = slot.tensor.to(device)
     if copy is not True and device.type == "cpu" and isinstance(source, SafetensorsSource):
         insist = copy is False
-        plan = _map_file_views(plan, source, dtype, cast_non_persistent, insist, _view_alignment(recipe, insist))
+        plan = _map_file_views(plan, source, dtype, cast_non_persistent, insist, None if insist else alignment)
     if copy is False and (plan or parts):
         raise InvalidArgument(f"copy=False: {_names([k for k, _ in plan] + [*parts])} cannot be views of the file (a "
                               f"cast, a pickle, misaligned, fused or strided tensors): leave copy unset to copy those")
@@ -242,11 +241,10 @@ def _allocate_slots(slots, device, dtype, cast_non_persistent) -> None:
         slot.new = new
 
 
-def _view_alignment(recipe, insist: bool) -> int | None:
-    """The file alignment a tensor needs to become a view: PyTorch's by default, so that it computes as the
-    library's own model; none beyond its dtype's where views are insisted on, or for a transformers model (as
-    from_pretrained's views)."""
-    return None if insist or (recipe is not None and recipe.family == HF) else VIEW_ALIGNMENT
+def _view_alignment(module: nn.Module) -> int | None:
+    """The file alignment a tensor needs to become a view by default: PyTorch's, so that it computes as the
+    library's own model; for a transformers model none beyond its dtype's, as from_pretrained's own views."""
+    return None if is_transformers_model(module) else VIEW_ALIGNMENT
 
 
 def _map_file_views(plan, source: SafetensorsSource, dtype, cast_non_persistent, insist: bool, alignment):

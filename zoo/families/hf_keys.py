@@ -15,15 +15,19 @@ from zoo.errors import CheckpointError
 from zoo.weights.fit import WRAPPER_PREFIXES, Part
 
 
+def is_transformers_model(module) -> bool:
+    if "transformers" not in sys.modules:  # a transformers model was built, so it is imported
+        return False
+    from transformers import PreTrainedModel
+
+    return isinstance(module, PreTrainedModel)
+
+
 def hf_key_map(module, names) -> Callable | None:
     """checkpoint key -> model name, or (model name, Part) for a key that fills part of a fused tensor;
     None when the module is no transformers model (nothing to convert). `names`: the module's tensor
     names (a prefix that only the base model has is added or dropped, as transformers does)."""
-    if "transformers" not in sys.modules:  # a transformers model was built, so it is imported
-        return None
-    from transformers import PreTrainedModel
-
-    if not isinstance(module, PreTrainedModel):
+    if not is_transformers_model(module):
         return None
     from transformers.conversion_mapping import get_model_conversion_mapping
     from transformers.core_model_loading import WeightConverter, apply_renamings
