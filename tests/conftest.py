@@ -33,6 +33,17 @@ def small_registry(tmp_path_factory) -> str:
     return url
 
 
+@pytest.fixture(scope="session")
+def hf_catalog(tmp_path_factory) -> str:
+    """The shipped catalog/hf configs indexed with the CLI, as `make registry` does (with analysis): its URL.
+    Shared by test_hf and test_llm, which only read it (indexing it takes about a minute here)."""
+    url = f"sqlite:///{tmp_path_factory.mktemp('catalog') / 'catalog.db'}"
+    files = sorted(str(p) for p in (ROOT / "catalog" / "hf").glob("*__*.json"))
+    out = cli_json("index", "hf", *files, registry=url)
+    assert out == {"indexed": len(files), "unchanged": 0, "failed": {}}
+    return url
+
+
 @pytest.fixture
 def zoo_at(small_registry, monkeypatch):
     """The zoo module, pointed at the small registry."""

@@ -364,14 +364,10 @@ def test_search_and_info_do_not_import_transformers(catalog):
 
 # --- the catalog ----------------------------------------------------------------------------
 
-@pytest.fixture(scope="module")
-def catalog(tmp_path_factory):
-    """The shipped catalog indexed with the CLI, as `make registry` does: its registry URL."""
-    url = f"sqlite:///{tmp_path_factory.mktemp('catalog') / 'catalog.db'}"
-    files = sorted(str(p) for p in CATALOG.glob("*__*.json"))
-    out = cli_json("index", "hf", *files, registry=url)
-    assert out == {"indexed": len(files), "unchanged": 0, "failed": {}}
-    return url
+@pytest.fixture
+def catalog(hf_catalog):
+    """The shipped catalog indexed with the CLI (conftest): its registry URL."""
+    return hf_catalog
 
 
 def test_catalog_files_and_published_figures_match_one_to_one():

@@ -5,7 +5,6 @@ term against each quantization formula, activation checkpointing; a user builder
 
 import json
 import math
-import warnings
 
 import pytest
 import torch
@@ -39,16 +38,10 @@ def _name(file) -> str:
     return "hf/" + file.stem.replace("__", "/", 1)
 
 
-@pytest.fixture(scope="module")
-def catalog(tmp_path_factory):
-    """The shipped catalog indexed (with analysis) into a fresh registry."""
-    url = f"sqlite:///{tmp_path_factory.mktemp('llm') / 'catalog.db'}"
-    registry = zoo.connect(url)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        out = registry.index("hf", [str(f) for f in FILES])
-    assert out.failed == {} and len(out.indexed) == len(FILES)
-    return registry
+@pytest.fixture
+def catalog(hf_catalog):
+    """The shipped catalog indexed (with analysis) into a fresh registry (conftest)."""
+    return zoo.connect(hf_catalog)
 
 
 # --- LLM fields ---------------------------------------------------------------------------------
