@@ -203,6 +203,10 @@ def test_a_search_sorts_by_a_measured_field_best_run_first_unmeasured_last(regis
     index = views.catalog_index(z)
     assert index["fields"]["bench_cpu"] == "number"
     assert {m["name"]: m["bench_cpu"] for m in index["models"]} == {**dict.fromkeys(unmeasured), **best}
+    # the live search's table shows the field it sorts by: each model's best run
+    page = views.search(z, {"q": "name~*", "sort": "-BENCH_CPU"})
+    assert page["columns"][-1] == "bench_cpu"
+    assert {r["name"]: r["bench_cpu"] for r in page["rows"]} == {**dict.fromkeys(unmeasured), **best}
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")

@@ -71,6 +71,25 @@ def test_api_search_answers_what_zoo_search_answers(site, small_registry, q):
         assert all(r == {c: getattr(i, c) for c in body["columns"]} for r, i in zip(body["rows"], found))
 
 
+@pytest.mark.parametrize("q, sort, named", [
+    ("infer_4090_amp>0 or params>0", "-PRED_INFER_4090_AMP", ["infer_4090_amp", "pred_infer_4090_amp"]),
+    ("bench_cpu>1 or family=timm", "-train_3090_amp", ["train_3090_amp", "bench_cpu"])])
+def test_a_search_shows_the_numbers_it_names_as_columns(site, small_registry, q, sort, named):
+    """As `zoo search` does: a published metric, a prediction or a measured field that the search or its sort
+    names is a column after the default ones, each row holding the model's own number (a measured one: its best
+    recorded run, none in this registry; tests/test_bench_cmd.py has some)."""
+    from zoo.roofline import predicted
+
+    status, body = get_json(site, "/api/search", q=q, sort=sort)
+    assert status == 200 and body["columns"] == [*views.TABLE_COLUMNS, *named]
+    found = Zoo(small_registry).search(q, order_by=sort, limit=None)
+    assert [r["name"] for r in body["rows"]] == [i.name for i in found][:views.PER_PAGE]
+    for r, i in zip(body["rows"], found):
+        assert r == {c: predicted(i, c) if c.startswith("pred_") else None if c in MEASURED else getattr(i, c)
+                     for c in body["columns"]}
+    assert all(any(r[c] is not None for r in body["rows"]) for c in named if c not in MEASURED)  # numbers, not Nones
+
+
 def test_pages_of_a_search_add_up_to_the_whole_result(site, small_registry):
     whole = [i.name for i in Zoo(small_registry).search(None, order_by="-params", limit=None)]
     pages = []

@@ -3,6 +3,7 @@ the small registry and against `zoo catalog`'s files on a plain static server. E
 screenshot into $ZOO_SCREENSHOTS (default /tmp/zoo-screenshots)."""
 
 import json
+import math
 import urllib.parse
 from pathlib import Path
 
@@ -13,6 +14,7 @@ from zoo import render
 from zoo.api import Zoo
 from zoo.errors import SearchSyntaxError
 from zoo.query import FIELDS, parse
+from zoo.web import views
 from zoo.web.app import create_app
 from zoo.web.export import export_catalog
 
@@ -249,6 +251,23 @@ def test_the_static_catalog_searches_in_the_page(browser, small_registry, tmp_pa
             done(queries.map(q => { try { g.parse(q, index.fields); return null; } catch (e) { return e.column; } })));"""
         columns = browser.execute_async_script(script, [q for q, _ in cases["errors"]])
         assert columns == [column for _, column in cases["errors"]]
+        # the numbers a search or its sort names are columns, with the cells the server's search gives
+        named = [["infer_4090_amp>0 or params>0", "-PRED_INFER_4090_AMP"],
+                 ["bench_cpu>1 or family=timm", "-train_3090_amp"]]
+        script = """const [cases, done] = arguments;
+          Promise.all([import('./static/grammar.js'), fetch('data/index.json').then(r => r.json())])
+            .then(([g, index]) => done(cases.map(([q, sort]) => {
+              const r = g.search(index, new URLSearchParams({q, sort}));
+              return [r.columns, r.rows]; })));"""
+        pages = [views.search(zoo, {"q": q, "sort": sort}) for q, sort in named]
+        assert browser.execute_async_script(script, named) == [[p["columns"], p["rows"]] for p in pages]
+        assert pages[0]["columns"][-2:] == ["infer_4090_amp", "pred_infer_4090_amp"]
+        browser.get(base + "/index.html?" + urllib.parse.urlencode({"q": named[0][0], "sort": named[0][1]}))
+        ready(browser)
+        assert browser.find_element("css selector", "#table th[data-col='infer_4090_amp']").text == "infer_4090_amp"
+        cells = browser.find_elements("css selector", "#table td[data-col='pred_infer_4090_amp']")
+        want = [r["pred_infer_4090_amp"] for r in pages[0]["rows"]]
+        assert [c.text for c in cells] == ["-" if v is None else f"{math.floor(v + 0.5)} (predicted)" for v in want]
 
         link = browser.find_element("css selector", "#table td[data-col='name'] a")
         name = link.text

@@ -88,14 +88,10 @@ def measurement_rows(runs: list[dict]) -> list[list[str]]:
 def measured_columns(zoo, expression, found, sort: str | None = None) -> tuple[list[str], list[list[str]]]:
     """The search table's extra columns: for each measured field the search or its sort names, each model's best
     samples/s (the published throughput columns show the same way, through render.search_columns)."""
-    import re
-
     from zoo.benchmark import fastest
     from zoo.measured import MEASURED
-    from zoo.query import parse_sort
+    from zoo.render import named_numbers
 
-    words = set(re.findall(r"[a-z_0-9]+", expression.lower() if isinstance(expression, str) else ""))
-    words |= {parse_sort(sort)[0]} if sort else set()  # the field as the search read it: -BENCH_CPU too
-    fields = [f for f in MEASURED if f in words]
+    fields = [f for f in named_numbers(expression, sort) if f in MEASURED]
     best = {f: fastest(zoo, [i.name for i in found], f) for f in fields}
     return fields, [[f"{best[f][i.name]:.2f}" if i.name in best[f] else "-" for f in fields] for i in found]

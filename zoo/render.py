@@ -88,20 +88,27 @@ def field_rows() -> list[list[str]]:
         [[f, "number", roofline.UNIT, roofline.doc(f)] for f in roofline.PREDICTED]
 
 
+def named_numbers(expression, sort: str | None = None) -> list[str]:
+    """Every number field the search or its sort names (a published metric such as top1 or box_map, a predicted
+    or measured throughput, any other number), in the grammar's order; field names ignore case. The CLI's table
+    and the web's show each as a column."""
+    from zoo.query import COMPARED
+
+    words = _words(expression, sort)
+    return [f for f, kind in COMPARED.items() if kind == "number" and f in words]
+
+
+def _words(expression, sort: str | None) -> set[str]:
+    return set(re.findall(r"[a-z_0-9]+", f"{expression if isinstance(expression, str) else ''} {sort or ''}".lower()))
+
+
 def search_columns(expression, sort: str | None = None) -> tuple[str, ...]:
-    """The table's columns: the default ones, plus every published metric (top1, box_map, ...) or other
-    number the search or its sort names, after the name (`zoo search "top1>85"` shows top1)."""
-    import re
+    """The table's columns: the default ones, plus every stored or predicted number the search or its sort
+    names, after the name (`zoo search "top1>85"` shows top1; measured ones come from cli_bench.measured_columns)."""
+    from zoo.measured import MEASURED
 
-    from zoo.columns import COLUMNS
-
-    text = f"{expression if isinstance(expression, str) else ''} {sort or ''}".lower()  # field names ignore case
-    words = set(re.findall(r"[a-z_0-9]+", text))
-    from zoo.roofline import PREDICTED
-
-    named = [c.name for c in COLUMNS if c.searchable and c.search_type == "number" and c.name in words
-             and c.name not in SEARCH_COLUMNS] + [f for f in PREDICTED if f in words]
-    if "variant" in words and "top1" not in named:  # kind=variant: the headline metric
+    named = [f for f in named_numbers(expression, sort) if f not in MEASURED and f not in SEARCH_COLUMNS]
+    if "variant" in _words(expression, sort) and "top1" not in named:  # kind=variant: the headline metric
         named.insert(0, "top1")
     return ("name", *named, *SEARCH_COLUMNS[1:])
 

@@ -115,20 +115,31 @@ def search(zoo: Zoo, params) -> dict:
         except SearchSyntaxError as e:
             e.param = "sort"
             raise
-    shown, plotted = columns(), _plotted(params)
-    stored = [f for f in plotted if f not in PREDICTED]
-    read = list(dict.fromkeys([*shown, *stored, *(ROOFLINE_INPUTS if len(stored) < len(plotted) else ())]))
+    # the numbers the search or its sort names are columns too (box_map>40 shows box_map), as `zoo search` adds them
+    named = [f for f in render.named_numbers(q, sort) if f not in TABLE_COLUMNS]
+    shown, plotted = [*columns(), *named], _plotted(params)
+    wanted = list(dict.fromkeys([*shown, *plotted]))
+    stored = [f for f in wanted if f not in PREDICTED and f not in MEASURED]
+    read = list(dict.fromkeys([*stored, *(ROOFLINE_INPUTS if any(f in PREDICTED for f in wanted) else ())]))
     # just the fields shown and plotted: reading whole rows (ModelInfo) for every match is most of a search's time
     found = zoo.search(q or None, order_by=sort, limit=MAX_RESULTS + 1, fields=read)
     more = len(found) > MAX_RESULTS
     found = found[:MAX_RESULTS]
     for row in found:
-        row.update({f: predicted(row, f) for f in plotted if f in PREDICTED})
+        row.update({f: predicted(row, f) for f in wanted if f in PREDICTED})
     start = (page - 1) * per_page
+    rows = found[start:start + per_page]
+    if any(f in MEASURED for f in named):
+        from zoo.benchmark import fastest
+
+        for field in (f for f in named if f in MEASURED):  # each model's best recorded run, as the search compares
+            best = fastest(zoo, [r["name"] for r in rows], field)
+            for row in rows:
+                row[field] = best.get(row["name"])
     return {
         "q": q, "sort": sort, "page": page, "per_page": per_page, "total": len(found), "more": more,
         "pages": max(1, math.ceil(len(found) / per_page)), "columns": shown,
-        "rows": [{c: r[c] for c in shown} for r in found[start:start + per_page]],
+        "rows": [{c: r[c] for c in shown} for r in rows],
         "facets": {f: Counter(r[f] for r in found if r[f]).most_common() for f in ("family", "task")},
         "points": [{f: r[f] for f in plotted} for r in found], "axes": plot_axes(),
     }

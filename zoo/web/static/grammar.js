@@ -208,10 +208,14 @@ export function search(index, params, perPageDefault = 50) {
   }
   const start = (page - 1) * perPage;
   const pick = (row, keys) => Object.fromEntries(keys.map((k) => [k, row[k] ?? null]));
+  // the numbers the search or its sort names are columns too, as zoo.render.named_numbers finds them
+  const words = new Set(`${q} ${sort || ""}`.toLowerCase().match(/[a-z_0-9]+/g) || []);
+  const columns = [...index.columns, ...Object.keys(index.fields).filter((f) =>
+    index.fields[f] === "number" && words.has(f) && !index.columns.includes(f))];
   return {
     q, sort, page, per_page: perPage, total: found.length, more: false,
-    pages: Math.max(1, Math.ceil(found.length / perPage)), columns: index.columns,
-    rows: found.slice(start, start + perPage).map((row) => pick(row, index.columns)),
+    pages: Math.max(1, Math.ceil(found.length / perPage)), columns,
+    rows: found.slice(start, start + perPage).map((row) => pick(row, columns)),
     facets, axes: index.axes,
     points: found.map((row) => pick(row, ["name", "family", "input_size", ...index.axes.map((a) => a.name)])),
   };

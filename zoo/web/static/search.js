@@ -12,13 +12,16 @@ const params = new URLSearchParams(location.search);
 const $ = (id) => document.getElementById(id);
 const HEADINGS = { name: "name", family: "family", task: "task", params: "params", flops: "GFLOPs", bytes: "bytes",
   top1: "top-1", license: "license" };
-const NUMERIC = new Set(["params", "flops", "bytes", "top1"]);
+// every column beyond the default ones is a number the search or its sort names (box_map, bench_cpu, ...)
+const numeric = (column) => ["params", "flops", "bytes", "top1"].includes(column) || !(column in HEADINGS);
 
 function cell(column, value) {
+  if (value === null || value === undefined) return "-";
   if (column === "params") return human(value);
   if (column === "bytes") return human(value, "B");
   if (column === "flops") return gflops(value);
-  return value === null || value === undefined ? "-" : String(value);
+  if (typeof value !== "number" || column in HEADINGS) return String(value);
+  return column.startsWith("pred_") ? `${Math.round(value)} (predicted)` : String(Math.round(value * 100) / 100);
 }
 
 // q plus `and FIELD=VALUE`, parenthesized when q has an `or` that would otherwise bind looser.
@@ -36,13 +39,13 @@ function link(result, overrides) {
 
 function renderTable(result) {
   const header = el("tr", null, result.columns.map((c) => {
-    const next = result.sort === `-${c}` ? c : NUMERIC.has(c) ? `-${c}` : result.sort === c ? `-${c}` : c;
+    const next = result.sort === `-${c}` ? c : numeric(c) ? `-${c}` : result.sort === c ? `-${c}` : c;
     const arrow = result.sort === c ? " \u25b2" : result.sort === `-${c}` ? " \u25bc" : "";
-    return el("th", { "data-col": c, class: NUMERIC.has(c) ? "num" : null },
+    return el("th", { "data-col": c, class: numeric(c) ? "num" : null },
       el("a", { href: link(result, { sort: next, page: null }) }, HEADINGS[c] || c, arrow));
   }));
   const rows = result.rows.map((row) => el("tr", null, result.columns.map((c) => el("td",
-    { "data-col": c, class: NUMERIC.has(c) ? "num" : null },
+    { "data-col": c, class: numeric(c) ? "num" : null },
     c === "name" ? el("a", { href: modelHref(mode, row.name) }, row.name) : cell(c, row[c])))));
   $("table").replaceChildren(el("thead", null, header), el("tbody", null, rows));
   const shown = result.total ? `${(result.page - 1) * result.per_page + 1}-${(result.page - 1) * result.per_page + result.rows.length}` : "0";
