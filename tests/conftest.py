@@ -1,5 +1,6 @@
 """Fixtures: fresh registries made by zoo's own indexer, and a runner for the `zoo` CLI."""
 
+import hashlib
 import json
 import os
 import subprocess
@@ -34,14 +35,27 @@ def small_registry(tmp_path_factory) -> str:
 
 
 @pytest.fixture(scope="session")
-def hf_catalog(tmp_path_factory) -> str:
+def hf_catalog(tmp_path_factory):
     """The shipped catalog/hf configs indexed with the CLI, as `make registry` does (with analysis): its URL.
-    Shared by test_hf and test_llm, which only read it (indexing it takes about a minute here)."""
+    Shared by test_hf and test_llm (indexing it takes about a minute here), which only read it: checked at the end."""
     url = f"sqlite:///{tmp_path_factory.mktemp('catalog') / 'catalog.db'}"
     files = sorted(str(p) for p in (ROOT / "catalog" / "hf").glob("*__*.json"))
     out = cli_json("index", "hf", *files, registry=url)
     assert out == {"indexed": len(files), "unchanged": 0, "failed": {}}
-    return url
+    before = _contents(url)
+    yield url
+    assert _contents(url) == before, "a test wrote to the shared catalog registry"
+
+
+def _contents(url: str) -> str:
+    """A digest of a SQLite registry's rows and schema (its file's bytes may change where its rows do not)."""
+    import sqlite3
+
+    con = sqlite3.connect(f"file:{url.removeprefix('sqlite:///')}?mode=ro", uri=True)
+    try:
+        return hashlib.sha256("\n".join(con.iterdump()).encode()).hexdigest()
+    finally:
+        con.close()
 
 
 @pytest.fixture

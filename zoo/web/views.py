@@ -125,10 +125,12 @@ def search(zoo: Zoo, params) -> dict:
     found = zoo.search(q or None, order_by=sort, limit=MAX_RESULTS + 1, fields=read)
     more = len(found) > MAX_RESULTS
     found = found[:MAX_RESULTS]
-    for row in found:
-        row.update({f: predicted(row, f) for f in wanted if f in PREDICTED})
+    for row in found:  # the plot's points: every row
+        row.update({f: predicted(row, f) for f in plotted if f in PREDICTED})
     start = (page - 1) * per_page
     rows = found[start:start + per_page]
+    for row in rows:  # the table's columns: this page
+        row.update({f: predicted(row, f) for f in named if f in PREDICTED and f not in row})
     if any(f in MEASURED for f in named):
         from zoo.benchmark import fastest
 
