@@ -21,7 +21,7 @@ from zoo.errors import (
     CheckpointError, InvalidArgument, InvalidRecipe, ModelExists, RegistryError, RegistryNotFound, SchemaOutdated,
     UntrustedBuilder,
 )
-from zoo.registry import db
+from zoo.registry import db, store
 
 ZOO_SCRIPT = Path(sys.executable).parent / "zoo"  # the console script: unlike `python -m`, no cwd on sys.path
 
@@ -360,21 +360,24 @@ def test_14_workers_die_with_a_killed_indexer(tmp_path):
     assert zoo.connect(str(tmp_path / "r.db")).info("timm/resnet18").status == "ok"
 
 
-def _pooled_connections(_):
-    return [e.pool.checkedin() for e in db.cached_engines()]
+def _pooled_connections_and_a_read(url):
+    pooled = sum(e.pool.checkedin() for e in db._engines.values())
+    return pooled, zoo.connect(url).info("timm/resnet18").name
 
 
-def test_14_workers_do_not_inherit_the_parents_database_connections(small_registry):
+def test_14_no_forked_child_inherits_the_parents_database_connections(small_registry):
+    """Any fork (an indexer's worker, a DataLoader's): the child opens its own connections and leaves the
+    parent's alone, which go on working."""
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
 
-    from zoo import indexer
-
-    zoo.connect(small_registry).search("params<1e8")  # the parent now pools a connection
-    assert sum(_pooled_connections(None)) >= 1
-    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("fork"), initializer=indexer._worker_start,
-                             initargs=(os.getpid(),)) as pool:
-        assert sum(pool.submit(_pooled_connections, None).result()) == 0
+    with db.session(small_registry) as s:  # the parent now pools a connection
+        store.resolve(s, "timm/resnet18")
+    assert sum(e.pool.checkedin() for e in db._engines.values()) >= 1
+    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("fork")) as pool:
+        assert pool.submit(_pooled_connections_and_a_read, small_registry).result() == (0, "timm/resnet18")
+    with db.session(small_registry) as s:
+        assert store.resolve(s, "timm/resnet18").name == "timm/resnet18"
 
 
 # --- 15. search limits and the registry option ----------------------------------------------------------

@@ -271,6 +271,13 @@ def _module_level_caches(tree: ast.Module) -> set[str]:
     return names
 
 
+# Module-level containers that are no caches, with the reason.
+NOT_CACHES = {
+    "zoo.registry.db._inherited": "a forked child's references to its parent's connections: released, they would "
+                                  "be closed there, and closing a PostgreSQL connection ends the parent's session",
+}
+
+
 def test_every_module_level_cache_is_registered_with_a_bound():
     """One registry of caches (zoo.caching) with one reset, zoo.cache_clear(): about ten caches each had their own
     lifetime and some no bound. A module that keeps one names it in a register(...) call."""
@@ -282,7 +289,8 @@ def test_every_module_level_cache_is_registered_with_a_bound():
         registered = {ast.unparse(arg) for node in ast.walk(tree) if isinstance(node, ast.Call)
                       and getattr(node.func, "id", None) == "register" for arg in [*node.args, *(k.value for k in node.keywords)]}
         text = " ".join(registered)
-        unregistered += [f"{module}.{name}" for name in _module_level_caches(tree) if not re.search(rf"\b{name}\b", text)]
+        unregistered += [f"{module}.{name}" for name in _module_level_caches(tree) if not re.search(rf"\b{name}\b", text)
+                         and f"{module}.{name}" not in NOT_CACHES]
     assert unregistered == []
 
 

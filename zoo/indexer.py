@@ -73,8 +73,7 @@ def workers_for(jobs: int) -> int:
 
 def _worker_start(parent: int) -> None:
     """In each forked worker: die with the parent (a kill -9 of the indexer must not leave 0.5 GB
-    workers behind) and drop the parent's pooled database connections without closing them (they
-    are the parent's: closing would end its sessions; SQLAlchemy's advice for forks)."""
+    workers behind). The parent's database connections are left alone (zoo.registry.db, at the fork)."""
     import ctypes
     import signal
 
@@ -84,8 +83,6 @@ def _worker_start(parent: int) -> None:
         pass  # not Linux: workers then end when their work queue closes
     if os.getppid() != parent:  # the parent died before the line above took effect
         os._exit(1)
-    for eng in db.cached_engines():
-        eng.dispose(close=False)
     # One torch thread: libgomp is not fork-safe. Once the parent has run an OpenMP parallel region, a
     # forked child's first one waits forever for pool threads the fork did not copy (a worker hung in a
     # build's torch.zeros, tests/test_indexer.py). The worker is zoo's own process, one per core (-j),

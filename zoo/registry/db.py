@@ -2,6 +2,7 @@
 and the driver's errors turned into RegistryError that names the registry (password masked)."""
 
 import contextlib
+import os
 import sqlite3
 import time
 from pathlib import Path
@@ -139,9 +140,10 @@ def engine(url: str, write: bool = False) -> Engine:
     if path is not None and path.exists() and not path.is_file():  # opening a FIFO would block forever
         raise RegistryError(f"the registry at {path} cannot be opened: it is not a regular file (a directory, a FIFO, "
                             f"a device): give the path of a registry file")
-    if not write and lite.sqlite_file(url) and "immutable" in (uri := lite.read_uri(str(path))):
-        # a WAL file this process cannot write beside (see lite.read_uri): read it as the lite reader does
-        options["creator"] = lambda: sqlite3.connect(uri, uri=True, check_same_thread=False)
+    if not write and lite.sqlite_file(url) and path.is_file():
+        # read-only, as the lite reader reads (see lite.connect_read): a reader never writes, nor checkpoints
+        # and deletes the WAL when it closes last
+        options["creator"] = lambda: lite.connect_read(str(path), check_same_thread=False)
     try:
         eng = create_engine(url, **options)
     except ImportError as e:  # a server URL whose driver is not installed
@@ -179,9 +181,17 @@ def _dispose_engines() -> None:
 register("registry engines", bound=256, clear=_dispose_engines, size=lambda: len(_engines))  # two per registry URL
 
 
-def cached_engines() -> list[Engine]:
-    """The engines this process holds (a forked worker drops them: see zoo.indexer)."""
-    return list(_engines.values())
+# No connection crosses a fork: a child that used or closed its parent's connections (a forked indexer worker,
+# a DataLoader worker of a training script) would share their descriptors, sockets and SQLite's lock state. The
+# child opens its own; the parent's stay referenced here, so that the child never finalizes them (closing a
+# PostgreSQL connection there would end the parent's session; SQLAlchemy's advice: dispose(close=False)).
+_inherited: list[Engine] = []
+
+
+def _forget_engines_in_child() -> None:
+    _inherited.extend(_engines.values())
+    _engines.clear()
+    _checked.clear()
 
 
 def current_revision(eng: Engine) -> str | None:
@@ -230,6 +240,7 @@ def known_revisions() -> list[str]:
 
 _checked: set[tuple[str, bool]] = set()
 register("registry schema checks", _checked, 256)
+os.register_at_fork(after_in_child=_forget_engines_in_child)
 
 
 def open_registry(url: str, write: bool = False, create: bool = False) -> Engine:
@@ -329,8 +340,6 @@ def compact(url: str) -> str:
     """SQLite: fold the WAL into the file and shrink it (the shipped registry is one self-contained file).
     PostgreSQL: VACUUM (ANALYZE), which frees dead rows and refreshes the planner's statistics. Returns
     what was done, for the CLI to say."""
-    import sqlite3
-
     path = _sqlite_path(url)
     if path is None:
         eng = open_registry(url)

@@ -38,24 +38,34 @@ def sqlite_file(url: str) -> str | None:
     return path if path and path != ":memory:" else None
 
 
-def read_uri(path: str) -> str:
-    """The URI that opens a registry file for reading without writing anything beside it. A rollback journal
-    (the shipped registry's) needs nothing more. A file in WAL mode (a team's, whose writers keep WAL so that
-    readers never block them) needs its -shm: where that cannot be made (a read-only mount, a folder of another
-    user) and no -wal holds commits still to fold in, the file is opened immutable. Immutable reads take no
-    locks: its owner writing it at the same time could tear them, which `zoo db compact` (back to a rollback
-    journal) avoids for files shared that way."""
+# SQLite's primary result codes for a WAL file whose -shm cannot be made or written here (SQLITE_READONLY_*
+# and SQLITE_CANTOPEN, with their extended codes in the higher bits).
+_READONLY, _CANTOPEN = 8, 14
+
+
+def connect_read(path: str, **options) -> sqlite3.Connection:
+    """A read-only connection to a registry file that writes nothing beside it. A rollback journal (the shipped
+    registry's) needs nothing more. A file in WAL mode (a team's, whose writers keep WAL so that readers never
+    block them) needs its -shm: where that cannot be made (a read-only mount, a folder of another user) and no
+    -wal holds commits still to fold in, the file is opened immutable. Immutable reads take no locks: its owner
+    writing it at the same time could tear them, which `zoo db compact` (back to a rollback journal) avoids for
+    files shared that way.
+
+    Only SQLite ever opens the file, to learn its mode too: in a process that holds connections to it, closing
+    any other descriptor of the file (Python's open() to read its header, as this once did) drops every POSIX
+    lock the process holds on it; a writer elsewhere then deletes the WAL under those connections, which read
+    "database disk image is malformed" from then on and write their stale WAL back over the file when they
+    close ("How To Corrupt An SQLite Database File", 2.2)."""
     uri = f"file:{quote(path)}?mode=ro"
+    con = sqlite3.connect(uri, uri=True, **options)
     try:
-        with open(path, "rb") as f:
-            wal = f.read(100)[18:19] == b"\x02"  # the header's write version: 2 in WAL mode
-    except OSError:
-        return uri
-    shm = path + "-shm"
-    if wal and not os.path.exists(path + "-wal") and not os.access(
-            shm if os.path.exists(shm) else os.path.dirname(path) or ".", os.W_OK):
-        return uri + "&immutable=1"
-    return uri
+        con.execute("SELECT 1 FROM sqlite_master LIMIT 1").fetchall()  # reads the header; opens the -shm in WAL mode
+        return con
+    except sqlite3.OperationalError as e:
+        con.close()
+        if e.sqlite_errorcode & 0xFF not in (_READONLY, _CANTOPEN) or os.path.exists(path + "-wal"):
+            raise
+    return sqlite3.connect(uri + "&immutable=1", uri=True, **options)
 
 
 def _open(url: str) -> sqlite3.Connection | None:
@@ -68,7 +78,7 @@ def _connect(path: str) -> sqlite3.Connection | None:
     if not os.path.isfile(path):  # a FIFO would block the open forever: the SQLAlchemy path refuses it
         return None
     try:
-        con = sqlite3.connect(read_uri(path), uri=True)
+        con = connect_read(path)
     except sqlite3.Error:
         return None
     try:
