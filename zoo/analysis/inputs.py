@@ -14,11 +14,12 @@ where ARG is a shape without the batch (``[3, 224, 224]``: a float tensor of sha
 from __future__ import annotations
 
 import math
+import numbers
 
 import torch
 from torch import nn
 
-from zoo.errors import AnalysisError
+from zoo.errors import AnalysisError, InvalidArgument
 from zoo.state import state_of
 
 
@@ -156,6 +157,39 @@ def spec_of_inputs(inputs: list[dict]) -> dict:
         else:
             kwargs[entry["name"]] = arg
     return {"args": args, "kwargs": kwargs}
+
+
+def check_scan_input(value, position: int) -> None:
+    """A positional input of scan is a tensor, a shape (a tuple of whole numbers), or a non-empty list, tuple
+    or dict of those (a detection model's list of images); anything else would reach the forward and end in
+    torch's TypeError from deep inside it. Raises InvalidArgument naming the input. Sizes are checked when
+    the shape becomes a tensor (as_input)."""
+
+    def bad(v, why: str):
+        where = "" if v is value else f" holds {v!r:.60}, which"
+        raise InvalidArgument(f"scan's input {position + 1}, {value!r:.100},{where} {why}; give a tensor, or a shape "
+                              f"as a tuple of whole numbers such as (1, 3, 224, 224) (a list, tuple or dict of "
+                              f"them for a model that takes one)")
+
+    def walk(v) -> None:
+        if isinstance(v, torch.Tensor) or (isinstance(v, tuple) and not v):  # (): the shape of a 0-d tensor
+            return
+        if isinstance(v, (tuple, list)) and v and all(isinstance(d, numbers.Number) for d in v):
+            if isinstance(v, list):
+                bad(v, "is a list of numbers, not a tuple")
+            if not all(type(d) is int for d in v):  # not bool, float, NaN or a NumPy scalar
+                bad(v, "is not a shape: its sizes are not all whole numbers (Python ints)")
+            return
+        if isinstance(v, (list, tuple, dict)):
+            items = list(v.values() if isinstance(v, dict) else v)
+            if not items:
+                bad(v, f"is an empty {type(v).__name__}")
+            for item in items:
+                walk(item)
+            return
+        bad(v, "is not a tensor or a shape")
+
+    walk(value)
 
 
 def as_input(value):

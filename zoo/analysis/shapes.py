@@ -8,8 +8,8 @@ import torch
 from torch import nn
 
 from zoo.analysis.forward import device_context, outputs_of, train_mode
-from zoo.analysis.inputs import as_input, input_spec_of, make_inputs
-from zoo.errors import AnalysisError, reason
+from zoo.analysis.inputs import as_input, check_scan_input, input_spec_of, make_inputs
+from zoo.errors import AnalysisError, InvalidArgument, reason
 
 
 @dataclass
@@ -85,13 +85,18 @@ def scan(module: nn.Module, *inputs, batch: int = 1, train: bool = False, strict
     """Every module's output shapes and dtypes from one forward on meta: no weights, no values.
 
     `module`: any module on meta (one from zoo.get, or your own; zoo.scan also takes a registered
-    name). `inputs`: tensors (moved to meta) or shapes (tuples of ints, made meta
-    float32 tensors); none means the model's recorded input spec at `batch`. Keyword arguments go
-    to the forward. Raises what the forward raises (a data-dependent op, a wrong shape), unless
-    strict=False: then the modules that ran keep their outputs and Scan.error says why it stopped.
+    name). `inputs`: tensors (moved to meta) or shapes (tuples of ints, made meta float32 tensors), or
+    lists, tuples or dicts of them (anything else: InvalidArgument); none means the model's recorded input
+    spec at `batch`. Keyword arguments go to the forward. Raises what the forward raises (a data-dependent
+    op, a wrong shape), unless strict=False: then the modules that ran keep their outputs and Scan.error
+    says why it stopped.
     """
     if not isinstance(module, nn.Module):
         raise AnalysisError(f"scan takes a module, not {type(module).__name__}: use zoo.scan for a registered name")
+    for position, value in enumerate(inputs):
+        check_scan_input(value, position)
+    if type(batch) is not int or not 1 <= batch < 2**31:
+        raise InvalidArgument(f"batch must be a whole number from 1 to 2**31 - 1, not {batch!r:.40}")
     names = {id(m): n for n, m in module.named_modules()}
     sizes = _sizes(module)
     rows = {n: ModuleScan(n, type(m).__name__, n.count(".") + 1 if n else 0, *sizes[n]) for n, m in module.named_modules()}

@@ -23,6 +23,7 @@ from zoo.errors import CheckpointError, InvalidArgument
 from zoo.inspection import dtype_name
 from zoo.weights.paths import open_regular, regular_file
 from zoo.weights.sources import Source, Spec, archive_records, read_exact
+from zoo.weights.tiling import check_tiling
 
 METADATA = ".metadata"
 MAX_METADATA_BYTES = 1 << 30  # a model of 10^5 tensors on 10^3 ranks stays well below
@@ -268,29 +269,10 @@ def _tensors(fields: dict, path) -> tuple[dict[str, _Tensor], dict]:
         for chunk in entry["chunks"]:
             chunk = _fields(chunk, "ChunkStorageMetadata", path, f"a chunk of {fqn}")
             chunks.append(_Chunk(_dims(chunk.get("offsets"), path, what), _dims(chunk.get("sizes"), path, what)))
-        _check_tiling(fqn, shape, chunks, path)
+        check_tiling(fqn, shape, chunks, path)
         tensors[fqn] = _Tensor(fqn, dtype, shape, [c for c in chunks if math.prod(c.sizes)])
     paths = fields.get("planner_data")
     return tensors, paths if isinstance(paths, dict) else {}
-
-
-def _check_tiling(fqn: str, shape, chunks: list[_Chunk], path) -> None:
-    """The chunks lie inside the shape, do not overlap and add up to it: every element is in exactly one."""
-    for c in chunks:
-        if len(c.offsets) != len(shape) or len(c.sizes) != len(shape) or any(
-                o + s > n for o, s, n in zip(c.offsets, c.sizes, shape)):
-            raise CheckpointError(f"{path}: a chunk of {fqn} at {c.offsets} of {c.sizes} is outside its shape {shape}")
-    if sum(math.prod(c.sizes) for c in chunks) != math.prod(shape):
-        raise CheckpointError(f"{path}: the chunks of {fqn} do not add up to its shape {shape}")
-    if shape:  # sweep along dim 0: only chunks whose rows overlap are compared
-        active: list[_Chunk] = []
-        for c in sorted((c for c in chunks if math.prod(c.sizes)), key=lambda c: c.offsets[0]):
-            active = [a for a in active if a.offsets[0] + a.sizes[0] > c.offsets[0]]
-            for a in active:
-                if all(max(ao, co) < min(ao + asz, co + csz)
-                       for ao, asz, co, csz in zip(a.offsets, a.sizes, c.offsets, c.sizes)):
-                    raise CheckpointError(f"{path}: chunks of {fqn} at {a.offsets} and {c.offsets} overlap")
-            active.append(c)
 
 
 def _exposed(tensors: dict, paths: dict) -> dict[str, str]:

@@ -62,7 +62,7 @@ class SafetensorsSource(Source):
         self.fds: list[int] = []
         self.paths: list[Path] = []
         self.states: list[tuple] = []  # each file as opened: any write changes its mtime and ctime
-        self._maps: dict[int, mmap.mmap] = {}  # fd -> its mapping, for casts
+        self._maps: dict[int, mmap.mmap | None] = {}  # fd -> its mapping, for casts (None: cannot map)
         self._lock = threading.Lock()
         try:
             for path in files:
@@ -123,15 +123,24 @@ class SafetensorsSource(Source):
 
         with self._lock:
             if fd not in self._maps:  # private and never written: no copy of a page is ever made
-                self._maps[fd] = mmap.mmap(fd, 0, access=mmap.ACCESS_COPY)
+                try:
+                    self._maps[fd] = mmap.mmap(fd, 0, access=mmap.ACCESS_COPY)
+                except OSError:  # no address space for the whole file (ulimit -v), a file system without mmap
+                    self._maps[fd] = None
         mapped = self._maps[fd]
-        if start + length > len(mapped):
+        if mapped is not None and start + length > len(mapped):
             raise CheckpointError(f"weights file ended {start + length - len(mapped)} bytes early (truncated?)")
         itemsize, flat = file_dtype.itemsize, dest.view(-1)
         step = _CAST_CHUNK // itemsize
+        # unmapped: the same chunks read into one bounded buffer, so the load still holds no staging copy
+        staging = torch.empty(min(step, flat.numel()), dtype=file_dtype) if mapped is None else None
         for i in range(0, flat.numel(), step):
             n = min(step, flat.numel() - i)
             offset = start + i * itemsize
+            if mapped is None:
+                read_exact(fd, offset, n * itemsize, staging[:n])
+                flat[i:i + n].copy_(staging[:n])
+                continue
             flat[i:i + n].copy_(torch.frombuffer(mapped, dtype=file_dtype, count=n, offset=offset))
             first_page = offset // mmap.PAGESIZE * mmap.PAGESIZE
             mapped.madvise(mmap.MADV_DONTNEED, first_page, offset + n * itemsize - first_page)
@@ -156,7 +165,8 @@ class SafetensorsSource(Source):
 
     def close(self) -> None:
         for mapped in self._maps.values():
-            mapped.close()
+            if mapped is not None:
+                mapped.close()
         self._maps = {}
         for fd in self.fds:
             os.close(fd)

@@ -137,10 +137,23 @@ export function parse(text, fields) {
   return expr;
 }
 
-// A glob as SQL LIKE reads it (ILIKE): * any run of characters, ? exactly one, case ignored.
-function globRegex(glob) {
-  const body = [...glob].map((c) => (c === "*" ? ".*" : c === "?" ? "." : c.replace(/[\\^$.|+(){}[\]]/g, "\\$&"))).join("");
-  return new RegExp(`^${body}$`, "isu");
+// A glob as zoo/registry/where.py's LIKE reads it: * any run of characters, ? exactly one (a code point),
+// every other character itself, ASCII letters' case ignored (SQLite's LIKE and lower(), PostgreSQL's ILIKE
+// under COLLATE "C" fold ASCII only). Matched by the two-pointer walk that returns to the last '*' only,
+// O(glob * text) at worst: a regular expression backtracks, and '*?*?*?*?*?*?*?*Q' froze the tab for seconds.
+const foldAscii = (text) => Array.from(String(text), (c) => (c >= "A" && c <= "Z" ? c.toLowerCase() : c));
+
+function globMatches(g, text) {  // g: the glob, folded
+  const t = foldAscii(text);
+  let i = 0, j = 0, star = -1, resume = 0;
+  while (j < t.length) {
+    if (i < g.length && g[i] === "*") { star = i; i += 1; resume = j; }
+    else if (i < g.length && (g[i] === "?" || g[i] === t[j])) { i += 1; j += 1; }
+    else if (star >= 0) { i = star + 1; resume += 1; j = resume; }  // let the last '*' take one more character
+    else return false;
+  }
+  while (i < g.length && g[i] === "*") i += 1;
+  return i === g.length;
 }
 
 const COMPARE = { "<": (a, b) => a < b, "<=": (a, b) => a <= b, ">": (a, b) => a > b, ">=": (a, b) => a >= b,
@@ -153,8 +166,9 @@ export function matches(expr, row) {
   const v = row[expr.field];
   if (v === null || v === undefined) return false;
   if (expr.op !== "~") return COMPARE[expr.op](v, expr.value);
-  expr.regex ||= globRegex(expr.value);
-  return expr.regex.test(v) || (expr.field === "name" && !expr.value.startsWith("*") && expr.regex.test(row.short));
+  expr.glob ||= foldAscii(expr.value);
+  return globMatches(expr.glob, v) || (expr.field === "name" && !expr.value.startsWith("*") && row.short != null
+    && globMatches(expr.glob, row.short));
 }
 
 // "params" or "-params" -> a comparator: missing values last either way, then by name (zoo's ORDER BY).
