@@ -18,12 +18,11 @@ import hashlib
 import importlib
 import inspect
 import json
-import os
 
 from zoo.caching import register, trim
-from zoo.constants import cache_dir
 from zoo.errors import InvalidArgument
 from zoo.scoped import guard, scope
+from zoo.weights.cache_files import read_record, write_record
 
 _caught: dict[str, dict] = {}  # record key -> the arguments
 register("timm loader arguments", _caught, 4096)
@@ -92,8 +91,12 @@ def _catch(builder: str, kwargs: dict) -> dict:
     return caught
 
 
-def _record(key: str):
-    return cache_dir() / "timm-loader" / (hashlib.sha256(key.encode()).hexdigest() + ".json")
+_KIND = "timm-loader"  # records under $ZOO_CACHE, trusted only where the user alone can write (zoo.weights.cache_files)
+_LIMIT = 1 << 20  # a cfg and a key: a few KiB
+
+
+def _record(key: str) -> str:
+    return hashlib.sha256(key.encode()).hexdigest() + ".json"
 
 
 def _as_record(caught: dict) -> dict | None:
@@ -172,23 +175,13 @@ def _remember(key: str, caught: dict) -> dict:
     record = _as_record(caught)
     if record is None:
         return caught
-    path = _record(key)
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps({"key": key, **record}))
-        os.replace(tmp, path)
-    except OSError:
-        pass
+    write_record(_KIND, _record(key), {"key": key, **record})
     return caught
 
 
 def _recalled(key: str, builder: str, kwargs: dict, model=None) -> dict | None:
     """The remembered arguments, or None (no record, another key, an unreadable one, or one _replayed refuses)."""
-    try:
-        saved = json.loads(_record(key).read_text())
-    except (OSError, ValueError):
-        return None
+    saved = read_record(_KIND, _record(key), _LIMIT)
     if not (isinstance(saved, dict) and saved.get("key") == key):
         return None
     return _replayed(saved, builder, kwargs, model, own_cache=True)

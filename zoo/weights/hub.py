@@ -5,7 +5,7 @@ file is checked against the hash the hub gave for it: huggingface_hub names each
 the file's ETag, which for an LFS file (the weights) is its sha256 and for a small git file (the
 shard index) its git blob sha1, so the check works offline too; a snapshot link that leads anywhere but its
 repository's blobs is refused. huggingface_hub itself checks only sizes. A cache without symlinks keeps no blob names; there, online, the hashes come from the hub's
-paths-info API, and offline nothing can be checked.
+paths-info API, and offline nothing can be checked: such files load unchecked, and a warning says so once.
 """
 
 import hashlib
@@ -16,6 +16,7 @@ from pathlib import Path
 
 from zoo.errors import CheckpointError, HubUnavailable
 from zoo.weights import verified
+from zoo.weights.cache_files import warn_once
 from zoo.weights.digest import file_sha256
 from zoo.weights.reach import hub_unreachable
 
@@ -108,6 +109,13 @@ def _check_hashes(uri: str, repo: str, files: list[str]) -> None:
     if any(expected is None for *_, expected in todo) and not offline():
         hub = _hashes_from_api(repo, [f for f, *_ in todo])
         todo = [(f, b, k, e or hub.get(Path(f).name)) for f, b, k, e in todo]
+    unchecked = [Path(f) for f, *_, expected in todo if expected is None]
+    if unchecked:  # loading them is what such a cache is for, but not without a word: once per snapshot
+        why = "HF_HUB_OFFLINE is set" if offline() else "the hub gave no hashes for them"
+        warn_once(("hub unchecked", str(unchecked[0].parent)),
+                  f"zoo: {uri}: {', '.join(p.name for p in unchecked)} could not be hash-checked: the hub cache at "
+                  f"{unchecked[0].parent} holds copies, not links to blobs named by their hash (a file system "
+                  f"without symlinks), and {why}; loaded unchecked")
 
     def check(job):
         file, blob, key, expected = job
