@@ -80,8 +80,7 @@ def test_compact_does_what_fits_the_backend(with_weights, pg_server):
     pg = pg_server.fresh()
     zoo.connect(with_weights).copy_to(pg)
     assert run_cli("db", "compact", "--registry", pg).stdout.strip().endswith("vacuumed and analysed")
-    for engine in db.cached_engines():  # leaving WAL needs the SQLite file to itself
-        engine.dispose()
+    zoo.cache_clear()  # leaving WAL needs the SQLite file to itself: this process's engines are disposed
     assert run_cli("db", "compact", "--registry", with_weights).stdout.strip().endswith("compacted")
 
 

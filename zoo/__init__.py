@@ -12,10 +12,10 @@ from typing import TYPE_CHECKING
 from zoo.api import Zoo, connect
 from zoo.caching import cache_clear, caches
 from zoo.errors import (
-    AmbiguousName, AnalysisError, AnalysisTimeout, BuildFailed, CatalogError, CheckpointError, DownloadBlocked,
-    HubUnavailable, InvalidArgument, InvalidComparison, InvalidRecipe, MaterializeError, ModelExists, ModelNotFound,
-    NotBuildable, RegistryDrift, RegistryError, RegistryLocked, RegistryNotFound, SchemaOutdated, SearchSyntaxError,
-    TokenizerNotCached, UnknownFamily, UntrustedBuilder, WeightsMismatch, WorkerFailed, ZooError,
+    AmbiguousName, AnalysisError, AnalysisTimeout, BenchFailed, BuildFailed, CatalogError, CheckpointError,
+    DownloadBlocked, HubUnavailable, InvalidArgument, InvalidComparison, InvalidRecipe, MaterializeError, ModelExists,
+    ModelNotFound, NotBuildable, RegistryDrift, RegistryError, RegistryLocked, RegistryNotFound, SchemaOutdated,
+    SearchSyntaxError, TokenizerNotCached, UnknownFamily, UntrustedBuilder, WeightsMismatch, WorkerFailed, ZooError,
 )
 from zoo.inspection import TensorInfo
 from zoo.model_info import ModelInfo
@@ -89,5 +89,5 @@ __all__ = [
     "ZooError", "ModelNotFound", "AmbiguousName", "SearchSyntaxError", "InvalidComparison", "BuildFailed",
     "NotBuildable", "InvalidRecipe", "InvalidArgument", "UntrustedBuilder", "UnknownFamily", "SchemaOutdated",
     "RegistryDrift", "RegistryError", "RegistryLocked", "RegistryNotFound", "ModelExists", "CatalogError", "CheckpointError", "WeightsMismatch", "HubUnavailable", "DownloadBlocked",
-    "MaterializeError", "AnalysisError", "AnalysisTimeout", "TokenizerNotCached", "WorkerFailed",
+    "MaterializeError", "AnalysisError", "AnalysisTimeout", "TokenizerNotCached", "WorkerFailed", "BenchFailed",
 ]

@@ -7,11 +7,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from zoo.load import LazyLoad, bind, constructor_files, row_of, weights_file
-from zoo.columns import check_name, name_part
+from zoo.columns import BY_NAME, check_name, name_part
 from zoo.constants import refuse_unnamed_write, registry_named, registry_url
 from zoo.errors import BuildFailed, InvalidArgument, NotBuildable, WeightsMismatch
 from zoo.families import family
 from zoo.model_info import ModelInfo
+from zoo.query import check_fields
 from zoo.recipe import Recipe
 from zoo.state import ZooState
 
@@ -70,14 +71,33 @@ class Zoo:
                fields: tuple[str, ...] | None = None) -> list[ModelInfo] | list[dict]:
         """Every model matching a search string or F-expression (or the first `limit`), by name or by
         order_by: a field, "-field" for descending ("-params"). fields=("name", "params", ...): a dict of
-        just those fields per model instead of a ModelInfo (faster)."""
+        just those fields per model instead of a ModelInfo (faster); any field the search takes, a measured
+        one (bench_cpu: the best recorded run) or a predicted one (pred_*) too."""
         if limit is not None and (not isinstance(limit, int) or isinstance(limit, bool) or not 0 <= limit < 2**63):
             raise InvalidArgument(f"limit is a whole number >= 0 (or None for every match), not {limit!r}")
         if order_by is not None and not isinstance(order_by, str):
             raise InvalidArgument(f"order_by names a field, e.g. 'params' or '-params', not {order_by!r}")
+        fields = None if fields is None else check_fields(fields)
+        computed = [f for f in fields or () if not (f in BY_NAME and BY_NAME[f].public)]
+        if not computed:
+            return self._search(expression, order_by, limit, fields)
+        # measured and predicted fields are not columns: read the columns they come from, then compute them
+        from zoo.measured import MEASURED
+        from zoo.roofline import INPUTS, PREDICTED, predicted
+
+        read = [*(f for f in fields if f not in computed), "name", *(INPUTS if set(computed) & set(PREDICTED) else ())]
+        rows = self._search(expression, order_by, limit, tuple(dict.fromkeys(read)))
+        best = {}
+        if set(computed) & set(MEASURED):
+            from zoo.benchmark import fastest
+
+            best = {f: fastest(self, [r["name"] for r in rows], f) for f in computed if f in MEASURED}
+        return [{f: best[f].get(r["name"]) if f in MEASURED else predicted(r, f) if f in PREDICTED else r[f]
+                 for f in fields} for r in rows]
+
+    def _search(self, expression, order_by, limit, fields):
         from zoo.registry import lite
 
-        fields = None if fields is None else tuple(fields)
         found = lite.search(self.url, expression, order_by, limit, fields)  # SQLite, without SQLAlchemy
         if found is not None:
             return found

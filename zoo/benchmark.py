@@ -20,7 +20,7 @@ import time
 from importlib import metadata
 
 from zoo.dtypes import float_dtype, short_name
-from zoo.errors import InvalidArgument, ZooError
+from zoo.errors import BenchFailed, InvalidArgument, ZooError, reason
 
 DEVICES = ("cpu", "cuda")
 
@@ -79,9 +79,10 @@ def who() -> str:
     return f"{user}@{socket.gethostname()}"[:255]
 
 
-def _rss(field: str) -> int | None:
+def _rss(field: str, path: str = "/proc/self/status") -> int | None:
+    """A "Field: N kB" line of a /proc file in bytes (Linux); None elsewhere."""
     try:
-        with open("/proc/self/status") as f:
+        with open(path) as f:
             for line in f:
                 if line.startswith(field + ":"):
                     return int(line.split()[1]) * 1024
@@ -97,6 +98,20 @@ def _reset_peak_rss() -> bool:
         return True
     except OSError:
         return False
+
+
+def check_memory(spec: dict, batch: int, device: str, dtype: str) -> None:
+    """Refuse (InvalidArgument) a batch whose inputs alone need more memory than is free here: torch would
+    try to allocate it (a CPU's 300 GB fails at once, or pages the machine out) before the first step."""
+    import torch
+
+    from zoo.analysis.inputs import make_inputs, tensor_leaves
+
+    need = sum(t.numel() * t.element_size() for t in tensor_leaves(make_inputs(spec, batch, dtype=float_dtype(dtype))))
+    free = torch.cuda.mem_get_info()[0] if device == "cuda" else _rss("MemAvailable", "/proc/meminfo")
+    if free is not None and need > free:
+        raise InvalidArgument(f"--batch {batch}: the inputs alone take {need / 2**30:.1f} GiB, more than the "
+                              f"{free / 2**30:.1f} GiB free on this {device}: give a smaller --batch")
 
 
 def _real_inputs(spec: dict, batch: int, device: str, dtype, channels_last: bool):
@@ -202,8 +217,19 @@ def run(zoo, name: str, device: str = "cpu", batch: int = 1, dtype: str = "fp32"
         with db.session(zoo.url) as s:
             if measurements.recorded(s, info.name, kind):
                 return {"name": info.name, "skipped": True, **kind}
-    result = measure(zoo.get(info.name), spec, device=device, batch=batch, dtype=dtype, train=train, steps=steps,
-                     warmup=warmup, compile=compile, channels_last=channels_last)
+    check_memory(spec, batch, device, dtype)
+    module = zoo.get(info.name)
+    try:
+        result = measure(module, spec, device=device, batch=batch, dtype=dtype, train=train, steps=steps,
+                         warmup=warmup, compile=compile, channels_last=channels_last)
+    except ZooError:
+        raise
+    except Exception as e:  # the model's own code raised (any exception), or torch ran out of memory
+        text = " ".join(str(e).split())
+        if isinstance(e, (MemoryError, torch.OutOfMemoryError)) or "can't allocate memory" in text:
+            raise BenchFailed(f"{info.name} ran out of memory on {device} at batch {batch}: give a smaller --batch "
+                              f"({text[:300]})") from e
+        raise BenchFailed(f"{info.name} failed on {device} at batch {batch}: {reason(e)}") from e
     shapes = [{**i, "shape": [batch, *i["shape"][1:]]} for i in info.inputs]
     values = {**kind, **result, "inputs": shapes, "steps": steps, "warmup": warmup, "versions": versions(),
               "who": who()}
@@ -216,7 +242,8 @@ def run(zoo, name: str, device: str = "cpu", batch: int = 1, dtype: str = "fp32"
 def run_search(zoo, expression, report=None, **options) -> list[dict]:
     """Bench every match of a search, one after another, each recorded as soon as it is measured; a model with a
     recorded run of the same kind (same hardware and mode) is skipped, so a run that stopped resumes where it
-    stopped. A model that fails is reported ({"name", "error"}) and the run goes on.
+    stopped. A model that fails, whatever it raises, is reported ({"name", "error"}) and the run goes on; only an
+    interrupt (KeyboardInterrupt) stops it.
     report(name, done, total, result) is called after each model."""
     check_options(**{k: options[k] for k in ("device", "batch", "dtype", "steps", "warmup") if k in options})
     if options.get("record", True):
@@ -226,7 +253,7 @@ def run_search(zoo, expression, report=None, **options) -> list[dict]:
     for i, name in enumerate(names):
         try:
             result = run(zoo, name, skip_recorded=True, **options)
-        except (ZooError, RuntimeError, TypeError, ValueError) as e:  # its build, its forward, its memory
+        except Exception as e:  # its build, its forward (an AssertionError, a KeyError: any), its memory
             result = {"name": name, "error": f"{type(e).__name__}: {' '.join(str(e).split())[:300]}"}
         out.append(result)
         if report is not None:

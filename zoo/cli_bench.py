@@ -39,8 +39,13 @@ def _row(r: dict) -> list[str]:
         return [r["name"], "error", "-", "-", "-"]
     if r["skipped"]:
         return [r["name"], "skipped (measured before)", "-", "-", "-"]
-    return [r["name"], "measured", f"{r['samples_per_s']:.2f}", f"{r['step_ms']:.2f}",
-            "-" if r["peak_bytes"] is None else human(r["peak_bytes"], "B")]
+    return [r["name"], "measured", _number(r["samples_per_s"]), _number(r["step_ms"]), human(r["peak_bytes"], "B")]
+
+
+def _number(value) -> str:
+    """None: a stored value that is not a number (zoo.measured.clean_run); 1.7e308 put in by hand: 5 characters,
+    not 309."""
+    return "-" if value is None else f"{value:.2f}" if abs(value) < 1e15 else f"{value:.3g}"
 
 
 def cmd_bench(zoo, args) -> int:
@@ -79,9 +84,8 @@ def measurement_rows(runs: list[dict]) -> list[list[str]]:
         mode = " ".join([r["device"], r["mode"], r["dtype"], f"batch {r['batch']}", f"{r['threads']} threads",
                          *(["compiled"] if r["compiled"] else []), *(["channels_last"] if r["channels_last"] else [])])
         libs = " ".join(f"{k} {v}" for k, v in r["versions"].items() if k in ("torch", "timm", "torchvision"))
-        rows.append([f"{r['measured_at']:%Y-%m-%d %H:%M}", r["hardware"], mode, f"{r['samples_per_s']:.2f}",
-                     f"{r['step_ms']:.2f}", "-" if r["peak_bytes"] is None else human(r["peak_bytes"], "B"),
-                     r["who"], libs])
+        rows.append([f"{r['measured_at']:%Y-%m-%d %H:%M}", r["hardware"], mode, _number(r["samples_per_s"]),
+                     _number(r["step_ms"]), human(r["peak_bytes"], "B"), r["who"], libs])
     return [[printable(str(c)) for c in row] for row in rows]
 
 
@@ -94,4 +98,4 @@ def measured_columns(zoo, expression, found, sort: str | None = None) -> tuple[l
 
     fields = [f for f in named_numbers(expression, sort) if f in MEASURED]
     best = {f: fastest(zoo, [i.name for i in found], f) for f in fields}
-    return fields, [[f"{best[f][i.name]:.2f}" if i.name in best[f] else "-" for f in fields] for i in found]
+    return fields, [[_number(best[f].get(i.name)) for f in fields] for i in found]

@@ -5,6 +5,8 @@ Pure data: importing it imports neither torch nor SQLAlchemy.
 """
 
 import json
+import math
+import numbers
 import re
 from dataclasses import dataclass
 from datetime import datetime
@@ -36,19 +38,42 @@ class Column:
         return base | None if self.nullable else base
 
     def decode(self, value):
-        """The registry's stored value as ModelInfo holds it."""
+        """The registry's stored value as ModelInfo holds it; a number column's value that is not a finite number
+        (text or inf that SQLite took, PostgreSQL's NaN, put there by hand) reads as missing."""
         if self.kind == "json":
-            return json.loads(value) if value else (None if self.nullable else {})
+            return loads(value) if value else (None if self.nullable else {})
         if self.kind == "shape":
-            return tuple(json.loads(value)) if value else None
+            return tuple(loads(value)) if value else None
+        if self.kind in ("int", "float"):
+            return finite(value)
         return value
 
     def encode(self, value):
         """A Python value as the registry stores it."""
         if value is None or self.kind not in ("json", "shape"):
             return value
-        # the separators the shipped registry was written with, so that a rebuild compares equal
-        return json.dumps(list(value)) if self.kind == "shape" else json.dumps(value, separators=(",", ":"))
+        try:  # NaN and Infinity are not JSON: no reader but Python's would parse the field
+            # the separators the shipped registry was written with, so that a rebuild compares equal
+            return json.dumps(list(value), allow_nan=False) if self.kind == "shape" else \
+                json.dumps(value, separators=(",", ":"), allow_nan=False)
+        except ValueError:
+            from zoo.errors import InvalidArgument
+
+            raise InvalidArgument(f"{self.name} holds a number that is not finite (NaN or infinity): "
+                                  f"{str(value)[:200]}; give a finite number or none") from None
+
+
+def finite(value):
+    """`value` if it is a finite real number (int, float, a numpy scalar), else None: what a reader makes of a stored
+    number that is not one (so one bad value can neither break a page's JSON nor a format)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        return None
+    return value if math.isfinite(value) else None
+
+
+def loads(text: str):
+    """JSON as zoo reads it from the registry: a NaN or Infinity in it (Python's json writes them) as null."""
+    return json.loads(text, parse_constant=lambda constant: None)
 
 
 # Measured throughput, one column per hardware and mode, named MODE_HARDWARE_PRECISION (each with a _batch twin):

@@ -155,6 +155,10 @@ class AnalysisTimeout(ZooError, TimeoutError):
     """A meta forward ran past its time budget (index-time analysis records it as an error)."""
 
 
+class BenchFailed(ZooError, RuntimeError):
+    """`zoo bench` could not measure a model: its forward or training step raised, or it ran out of memory."""
+
+
 class CatalogError(ZooError, OSError):
     """`zoo catalog` could not write its export (the folder, the file system); the previous export is kept."""
 

@@ -26,3 +26,24 @@ def doc(field: str) -> str:
     where = "a CPU" if device == "cpu" else "a CUDA GPU"
     return (f"measured by `zoo bench{' --train' if mode == 'train' else ''}`: {what} on {where}, the best recorded "
             f"run (any hardware model, dtype, batch); `zoo show` lists them")
+
+
+# A run's numbers (zoo.registry.tables.Measurement), and its JSON fields with what each holds
+RUN_NUMBERS = ("batch", "threads", "samples_per_s", "step_ms", "peak_bytes", "steps", "warmup")
+RUN_JSON = {"inputs": list, "versions": dict}
+
+
+def clean_run(run: dict) -> dict:
+    """A stored run as readers show it: its JSON fields decoded, and a value put in by hand that is not what zoo
+    records (a number's text or infinity in SQLite, PostgreSQL's NaN; JSON of another shape) as None or empty, so
+    that one bad row breaks no format and no JSON output."""
+    from zoo.columns import finite, loads
+
+    out = {**run, **{k: finite(run[k]) for k in RUN_NUMBERS if k in run}}
+    for key, kind in RUN_JSON.items():
+        try:
+            value = loads(run[key])
+        except (KeyError, TypeError, ValueError):
+            value = None
+        out[key] = value if isinstance(value, kind) else kind()
+    return out

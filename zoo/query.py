@@ -20,8 +20,8 @@ from dataclasses import dataclass
 from decimal import Decimal, localcontext
 from typing import NamedTuple
 
-from zoo.columns import SEARCH_FIELDS as FIELDS
-from zoo.errors import InvalidComparison, SearchSyntaxError
+from zoo.columns import BY_NAME, PUBLIC, SEARCH_FIELDS as FIELDS
+from zoo.errors import InvalidArgument, InvalidComparison, SearchSyntaxError
 from zoo.measured import MEASURED
 from zoo.roofline import PREDICTED
 
@@ -354,3 +354,20 @@ def parse_sort(spec: str) -> tuple[str, bool]:
         column = len(spec) - len(spec.lstrip()) + 1 + descending
         raise SearchSyntaxError(f"cannot sort by {name!r}: expected one of {', '.join(COMPARED)}", spec, column)
     return name.lower(), descending
+
+
+def check_fields(fields) -> tuple[str, ...]:
+    """Zoo.search's `fields` as a tuple: field names in any iterable but a string (whose letters it would be),
+    each a public column or a field the search computes (a predicted or a measured one)."""
+    try:
+        names = None if isinstance(fields, (str, bytes)) else tuple(fields)
+    except TypeError:
+        names = None
+    if names is None or not all(isinstance(f, str) for f in names):
+        raise InvalidArgument(f"fields is a tuple of field names, e.g. ('name', 'params', 'bench_cpu'), not "
+                              f"{fields!r:.80}")
+    unknown = [f for f in names if not (f in BY_NAME and BY_NAME[f].public or f in MEASURED or f in PREDICTED)]
+    if unknown:
+        raise InvalidArgument(f"unknown fields {unknown}; fields are {', '.join(c.name for c in PUBLIC)}, "
+                              f"{', '.join(MEASURED)} (measured) and {', '.join(PREDICTED)} (predicted)")
+    return names

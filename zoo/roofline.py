@@ -71,13 +71,22 @@ class Estimate:
         return "compute" if self.compute_s >= self.memory_s else "memory"
 
 
+# The most each number of the table may be: far above any device (the largest GPUs: a few PFLOP/s, 8 TB/s),
+# far below a float's overflow, so that every coefficient and prediction stays finite and above zero.
+# element_bytes and batch are whole numbers (an element of 0.5 bytes would be read as 0).
+_MOST = {"element_bytes": 8, "batch": 1 << 20, "peak_tflops": 1e6, "bandwidth_gbs": 1e6}
+_WHOLE = ("element_bytes", "batch")
+
+
 def _positive(row: dict, key: str, path) -> float:
     try:
         value = float(row[key])
     except (TypeError, ValueError):
         raise InvalidArgument(f"{path}: {row.get('column')!r}: {key} is {row.get(key)!r}, not a number") from None
-    if not (math.isfinite(value) and value > 0):
-        raise InvalidArgument(f"{path}: {row.get('column')!r}: {key} must be a positive number, not {value}")
+    if not (math.isfinite(value) and 0 < value <= _MOST[key]) or key in _WHOLE and value != int(value):
+        kind = "a whole number" if key in _WHOLE else "a number"
+        raise InvalidArgument(f"{path}: {row.get('column')!r}: {key} must be {kind} above 0 and at most "
+                              f"{_MOST[key]:g}, not {row.get(key)!r}: fix that row of the hardware table")
     return value
 
 
@@ -103,13 +112,16 @@ def load_hardware(path: str | Path = HARDWARE) -> dict[str, Device]:
     return devices
 
 
+INPUTS = ("flops", "bytes", "train_activation_bytes")  # the registry's numbers a prediction is computed from
+
+
 def _numbers(row) -> dict:
     """flops, bytes and train_activation_bytes of a registry row: a mapping, or zoo.info's ModelInfo."""
     get = row.get if isinstance(row, Mapping) else lambda key: getattr(row, key, None)
     out = {}
-    for key in ("flops", "bytes", "train_activation_bytes"):
+    for key in INPUTS:
         value = get(key)
-        if isinstance(value, bool) or not (isinstance(value, (int, float)) and value > 0):
+        if isinstance(value, bool) or not (isinstance(value, (int, float)) and 0 < value < math.inf):
             raise InvalidArgument(f"a roofline estimate needs a positive {key}, the row has {value!r}")
         out[key] = value
     return out
@@ -133,7 +145,12 @@ def predict(row, device: Device, batch: int) -> Estimate:
     per_flop, per_activation, per_weight = coefficients(device, batch)
     compute_s = per_flop * row["flops"]
     memory_s = per_activation * row["train_activation_bytes"] + per_weight * row["bytes"]
-    return Estimate(1 / max(compute_s, memory_s), compute_s, memory_s, memory_s * device.bandwidth)
+    seconds = max(compute_s, memory_s)
+    # a Device that load_hardware would refuse (0 coefficients), or a hand-made row's 1e-300 flops: no number
+    if not seconds > 0 or not math.isfinite(1 / seconds):
+        raise InvalidArgument(f"no finite prediction on {device.column} for flops {row['flops']}, bytes "
+                              f"{row['bytes']}, train_activation_bytes {row['train_activation_bytes']}")
+    return Estimate(1 / seconds, compute_s, memory_s, memory_s * device.bandwidth)
 
 
 # The searchable predictions, one per row of the hardware table, each at its device's batch.

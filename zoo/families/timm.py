@@ -1,6 +1,8 @@
 """timm family: every name in timm.list_models(), built with pretrained=False; and every pretrained tag
 (timm.list_pretrained(), "resnet50.a1_in1k") as a variant row with its published metadata and results."""
 
+import math
+
 from zoo.caching import register
 from zoo.errors import InvalidArgument, UntrustedBuilder
 from zoo.families import torch_version
@@ -149,17 +151,21 @@ def read_results(folder) -> dict:
         by_tag: dict[str, list] = {}
         with open(path, newline="") as f:
             for row in csv.DictReader(f):
-                by_tag.setdefault(row.pop("model"), []).append({k: _number(v) for k, v in row.items()})
+                model = row.pop("model")
+                by_tag.setdefault(model, []).append({k: _number(v, f"{path}: {model}: {k}") for k, v in row.items()})
         out[name] = by_tag
     out["measured"] = read_measured(folder)
     return out
 
 
-def _number(text: str):
+def _number(text: str, where: str):
     try:
-        return int(text) if text.lstrip("+-").isdigit() else float(text)
+        value = int(text) if text.lstrip("+-").isdigit() else float(text)
     except ValueError:
         return text  # "bicubic"
+    if not math.isfinite(value):  # float() reads "nan" and "inf": no number to record, search or send as JSON
+        raise InvalidArgument(f"{where} is {text!r}, not a finite number: fix that cell, or leave it empty")
+    return value
 
 
 def variants(patterns=(), results: dict | None = None) -> list[dict]:
@@ -251,7 +257,8 @@ def read_measured(folder) -> dict:
         if path.is_file():
             with open(path, newline="") as f:
                 out[column] = {(r["model"], int(r[f"{mode}_img_size"])): (
-                    float(r[f"{mode}_samples_per_sec"]), int(r[f"{mode}_batch_size"])) for r in csv.DictReader(f)}
+                    _speed(r[f"{mode}_samples_per_sec"], f"{path}: {r['model']}"), int(r[f"{mode}_batch_size"]))
+                    for r in csv.DictReader(f)}
     path = Path(folder) / PRETRAIN_FILE
     if path.is_file():
         from timm.models._registry import _model_default_cfgs, get_deprecated_models
@@ -265,6 +272,13 @@ def read_measured(folder) -> dict:
                     tag = f"{tag}.{_model_default_cfgs[tag].tags[0]}"
                 out["pretrain"][tag] = row["pretrain"]
     return out
+
+
+def _speed(text: str, where: str) -> float:
+    value = _number(text, where)
+    if isinstance(value, str) or not value > 0:
+        raise InvalidArgument(f"{where}: samples/s is {text!r}, not a positive number: fix that row")
+    return float(value)
 
 
 def architecture_columns(builder: str, input_size, results: dict) -> dict:

@@ -18,7 +18,7 @@ from urllib.parse import quote
 from zoo.columns import BY_NAME, PUBLIC
 from zoo.query import Expr, parse
 from zoo.registry import SCHEMA_REVISION
-from zoo.registry.where import compile_where, order_sql
+from zoo.registry.where import FINITE, compile_where, order_sql
 
 # A search that matches at least this share of the rows finds its first `limit` rows soonest by reading them
 # in the sort order; a sparser one by reading its matches through the filter's index and sorting them.
@@ -268,7 +268,7 @@ def variants(url: str, name: str):
 def measurements(url: str, name: str) -> list[dict] | None:
     """zoo.registry.measurements.of_model for a full name, from a plain SQLite registry file at this schema; None
     where this path does not apply."""
-    import json
+    from zoo.measured import clean_run
 
     con = _open(url)
     if con is None:
@@ -281,9 +281,8 @@ def measurements(url: str, name: str) -> list[dict] | None:
         return None
     finally:
         con.close()
-    decode = {"compiled": bool, "channels_last": bool, "inputs": json.loads, "versions": json.loads,
-              "measured_at": datetime.fromisoformat}
-    return [{n: decode.get(n, lambda v: v)(v) for n, v in zip(names, row) if n not in ("id", "model_id")}
+    decode = {"compiled": bool, "channels_last": bool, "measured_at": datetime.fromisoformat}
+    return [clean_run({n: decode.get(n, lambda v: v)(v) for n, v in zip(names, row) if n not in ("id", "model_id")})
             for row in rows]
 
 
@@ -300,7 +299,8 @@ def fastest(url: str, names: list[str], device: str, mode: str) -> dict[str, flo
             out.update(con.execute(
                 "SELECT models.name, max(measurements.samples_per_s) FROM measurements JOIN models ON models.id = "
                 "measurements.model_id WHERE measurements.device = ? AND measurements.mode = ? AND models.name IN "
-                f"({', '.join('?' * len(chunk))}) GROUP BY models.name", [device, mode, *chunk]).fetchall())
+                f"({', '.join('?' * len(chunk))}) AND measurements.samples_per_s {FINITE} GROUP BY models.name",
+                [device, mode, *chunk]).fetchall())
     except sqlite3.Error:
         return None
     finally:

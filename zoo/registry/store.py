@@ -7,7 +7,7 @@ from datetime import datetime, timezone
 from sqlalchemy import delete, func, select
 from sqlalchemy.orm import Session
 
-from zoo.columns import ANALYSIS, BY_NAME, COLUMNS, PUBLIC, check_name
+from zoo.columns import ANALYSIS, BY_NAME, COLUMNS, PUBLIC, check_name, finite
 from zoo.errors import AmbiguousName, InvalidArgument, ModelExists, ModelNotFound
 from zoo.model_info import ModelInfo, encode_tensors
 from zoo.registry.sql import bytewise, compile_search, sort_clause
@@ -89,6 +89,16 @@ def check_lengths(session: Session, values: dict, columns: dict) -> None:
                                   f"PostgreSQL holds at most {size}: choose a shorter one")
 
 
+def check_numbers(name: str, values: dict) -> None:
+    """Refuse a number field's value that is not a finite number (a published NaN or infinity, a number as text):
+    SQLite would keep it, PostgreSQL's NaN compares above every number, and neither is JSON."""
+    for column in COLUMNS:
+        value = values.get(column.name)
+        if column.kind in ("int", "float") and value is not None and finite(value) is None:
+            raise InvalidArgument(f"{name}: {column.name} is {value!r:.40}, not a finite number: leave it out (None) "
+                                  f"or give a number")
+
+
 def add_weights(session: Session, name: str, tag: str, path: str, sha256: str, nbytes: int) -> None:
     check_lengths(session, {"tag": tag}, {"tag": Weights.__table__.c.tag.type.length})
     lock_name(session, name)
@@ -144,6 +154,7 @@ def write_model(session: Session, record: dict, tensor_table, replace: bool = Fa
     values.update(short=short_name(record["name"]), indexed_at=datetime.now(timezone.utc).replace(tzinfo=None))
     values["arch_name"] = values["arch_name"] or record["name"]  # an architecture is its own
     check_lengths(session, values, {c.name: c.size for c in COLUMNS})
+    check_numbers(record["name"], values)
     lock_name(session, record["name"])  # before the select: the select-then-insert must not interleave
     row = session.scalar(select(Model).where(Model.name == record["name"]))
     _refuse_takeover(session, row, record["family"], record["builder"], replace)

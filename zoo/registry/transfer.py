@@ -2,6 +2,7 @@
 
 from sqlalchemy import Table, delete, func, select, text
 
+from zoo.columns import finite
 from zoo.errors import RegistryError
 from zoo.registry import db
 from zoo.registry.tables import Measurement, Model, ModelTensors, Weights
@@ -40,8 +41,11 @@ def copy_registry(src: str, dst: str, replace: bool = False) -> dict[str, int]:
         for table in TABLES:
             counts[table.name] = 0
             rows = source.execute(select(table).order_by(*table.primary_key.columns))
+            numbers = [c.name for c in table.c if c.type.python_type in (int, float)]
             while batch := rows.fetchmany(_BATCH):
-                write(table.insert(), [dict(r._mapping) for r in batch])
+                batch = [dict(r._mapping) for r in batch]
+                _refuse_non_numbers(src, table, numbers, batch)
+                write(table.insert(), batch)
                 counts[table.name] += len(batch)
         if target.dialect.name == "postgresql":
             for table in TABLES:
@@ -49,6 +53,18 @@ def copy_registry(src: str, dst: str, replace: bool = False) -> dict[str, int]:
                     write(text(f"SELECT setval(pg_get_serial_sequence('{table.name}', 'id'), "
                                f"coalesce(max(id), 1), max(id) IS NOT NULL) FROM {table.name}"))
     return counts
+
+
+def _refuse_non_numbers(src: str, table: Table, numbers: list[str], rows: list[dict]) -> None:
+    """Refuse a number column's value that is not a finite number (put in by hand: SQLite keeps text and infinity
+    in any column, PostgreSQL keeps NaN): it would sort above every number in the copy and break its JSON."""
+    for row in rows:
+        for column in numbers:
+            if row[column] is not None and finite(row[column]) is None:
+                which = row.get("name") or f"id {row.get('id', row.get('model_id'))}"
+                raise RegistryError(f"{db.masked(src)}: {table.name} {which}: {column} is {row[column]!r:.40}, not a "
+                                    f"finite number; nothing was copied: set it to a number (or NULL) in the source, "
+                                    f"or remove that row, and copy again")
 
 
 def _refuse_non_empty(dst: str, models: int) -> None:

@@ -68,12 +68,19 @@ def predicted_sql(field: str) -> str:
             f"THEN 1.0 / (CASE WHEN {compute} >= {memory} THEN {compute} ELSE {memory} END) END")
 
 
+# A stored value that is a finite number. A run put in by hand may hold what zoo never records, and MAX() would
+# take it: SQLite keeps text (above every number) and infinity in a REAL column; PostgreSQL's NaN compares above
+# every number, infinity included. The bounds are a double's largest, read alike by both backends.
+FINITE = "BETWEEN -1.7976931348623157e308 AND 1.7976931348623157e308"
+
+
 def best_measured_sql(field: str) -> str:
-    """A measured field's sort key: the model's best recorded samples/s of that device and mode, NULL without one.
-    The device and mode are zoo.measured's names, not the user's."""
+    """A measured field's sort key: the model's best recorded samples/s of that device and mode (its runs of a
+    finite number), NULL without one. The device and mode are zoo.measured's names, not the user's."""
     device, mode = MEASURED[field]
     return (f"SELECT MAX(measurements.samples_per_s) FROM measurements WHERE measurements.model_id = models.id "
-            f"AND measurements.device = '{device}' AND measurements.mode = '{mode}'")
+            f"AND measurements.device = '{device}' AND measurements.mode = '{mode}' "
+            f"AND measurements.samples_per_s {FINITE}")
 
 
 def _glob(e: Compare, value: str, dialect: str, bind: Binds, prefilter) -> str:

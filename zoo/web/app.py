@@ -49,8 +49,10 @@ def template(name: str) -> Template:
 
 
 def page(name: str, title: str, root: str, data: dict) -> str:
-    """An HTML shell with its data as a JSON block (<, >, & escaped so no string can close the tag)."""
-    text = json.dumps(data, separators=(",", ":")).replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
+    """An HTML shell with its data as a JSON block (<, >, & escaped so no string can close the tag). Strict JSON:
+    the page's JSON.parse refuses NaN and Infinity (readers give None for a stored value that is no number)."""
+    text = json.dumps(data, separators=(",", ":"), allow_nan=False)
+    text = text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
     home = root or "index.html"  # the search page: "/" served, index.html as files
     return template(name).substitute(title=escape(title), root=root, home=home, data=text)
 

@@ -41,7 +41,7 @@ def file_name(name: str) -> str:
 
 def _write(path: Path, data) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(data, separators=(",", ":")))
+    path.write_text(json.dumps(data, separators=(",", ":"), allow_nan=False))  # strict: JSON.parse reads it
 
 
 def export_catalog(out, url: str | None = None, trees: bool = False, progress=None) -> dict:
