@@ -86,6 +86,38 @@ def test_a_write_after_the_cli_writers_reaches_the_file_intact(shared_registry):
     assert not {"timm/efficientnet_b0", "torchvision/mobilenet_v3_small"} & seen
 
 
+# A plain sqlite3 read of how many runs a model has: closing last, it checkpoints and deletes the WAL, as any tool may.
+RUNS = """import sqlite3, sys
+con = sqlite3.connect(sys.argv[1], timeout=60)
+print(con.execute("SELECT count(*) FROM measurements JOIN models ON models.id = measurements.model_id "
+                  "WHERE models.name = ?", [sys.argv[2]]).fetchone()[0])
+con.close()
+"""
+
+
+def test_each_run_of_a_bench_search_is_seen_by_other_processes_as_it_goes(shared_registry):
+    """A bench search (long-running: a write per model, reads between) while, after each model, a misspelt
+    `zoo show` (its did-you-mean) and a plain sqlite3 reader run beside it, as the issue found them: each sees
+    the run the bench has just reported, and the file is intact at the end."""
+    from zoo import benchmark
+
+    search = "name~'timm/resnet1*' and kind=architecture and params<2e7"
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    seen = []
+
+    def report(name, done, total, result):
+        typo = run_cli("show", "timm/resnt18", registry=shared_registry, check=False)
+        runs = subprocess.run([sys.executable, "-c", RUNS, shared_registry, name], capture_output=True, text=True,
+                              env=env, timeout=60)
+        seen.append((name, result.get("error"), typo.returncode, runs.stdout.strip(), typo.stderr + runs.stderr))
+
+    results = benchmark.run_search(zoo.connect(shared_registry), search, report=report, steps=1, warmup=0)
+    assert len(results) >= 4
+    assert [s for s in seen if s[1:4] != (None, 1, "1") or any(word in s[4] for word in BROKEN)] == []
+    zoo.cache_clear()
+    assert _integrity(shared_registry) == [("ok",)]
+
+
 # --- the soak ---------------------------------------------------------------------------------------------
 
 SOAK_S = 45  # the mixed load; start-up (imports) and the checks come on top: about a minute per backend
