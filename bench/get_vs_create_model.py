@@ -67,7 +67,7 @@ def main() -> int:
     import zoo.build  # noqa: F401
     import zoo.inspection  # noqa: F401
     import zoo.meta  # noqa: F401
-    import zoo.templates  # noqa: F401
+    import zoo.model_cache  # noqa: F401
 
     z = zoo.connect(args.registry)
 

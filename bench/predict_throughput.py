@@ -1,4 +1,4 @@
-"""The roofline estimate (zoo.roofline) against timm's measured throughput: how far off it is, per device and
+"""The roofline estimate (zoo.throughput.roofline) against timm's measured throughput: how far off it is, per device and
 per family, and what a per-family correction fitted on one device does on devices it was not fitted on.
 
 For every (architecture, size) of each benchmark CSV in catalog/timm-results whose registry row
@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from zoo.families.timm import BENCHMARKS  # noqa: E402  (torch-free: the benchmark files' names)
-from zoo.roofline import HARDWARE, load_hardware, predict  # noqa: E402
+from zoo.throughput.roofline import HARDWARE, load_hardware, predict  # noqa: E402
 
 HELD_OUT = ("infer_5090_amp", "infer_pro6000_amp")
 

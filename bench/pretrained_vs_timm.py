@@ -58,7 +58,7 @@ def make_registry(tag: str) -> str:
     """A registry with the variant row, as the indexer writes it."""
     path = WORK / f"registry-{tag}.db"
     if not path.exists():
-        from zoo import indexer
+        from zoo.indexing import indexer
         from zoo.recipe import Recipe
         from zoo.registry import db
 

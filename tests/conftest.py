@@ -24,7 +24,7 @@ def _trust_test_builders(monkeypatch, tmp_path_factory):
 @pytest.fixture(scope="session")
 def small_registry(tmp_path_factory) -> str:
     """A registry holding SMALL_TIMM, SMALL_TORCHVISION and the tied test builder; treat it as read-only."""
-    from zoo import indexer
+    from zoo.indexing import indexer
     from zoo.recipe import Recipe
 
     url = f"sqlite:///{tmp_path_factory.mktemp('registry') / 'small.db'}"

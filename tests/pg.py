@@ -4,7 +4,7 @@ Databases use an ICU collation, so that an ORDER BY that leans on the server's c
 
 The server is the starting process's own child, and ends with it however it ends: stop() at the end, a
 SIGTERM handler that stops it first, SIGINT (pytest tears down; a script's exit stops it), and the parent's
-death (PR_SET_PDEATHSIG, as zoo.indexer's workers do: a kill -9 runs nothing in the parent). The folder of a
+death (PR_SET_PDEATHSIG, as zoo.indexing.indexer's workers do: a kill -9 runs nothing in the parent). The folder of a
 server whose starter died so is removed by the next start."""
 
 import atexit

@@ -67,7 +67,7 @@ def client(url: str, me: str, until: float, weights: str) -> dict:
 
 def state(url: str) -> dict:
     import zoo
-    from zoo.benchmark import recorded_runs
+    from zoo.throughput.benchmark import recorded_runs
 
     registry = zoo.connect(url)
     out = {}

@@ -59,7 +59,7 @@ def _published(builder: str) -> dict:
 
 def _record(builder: str, **kwargs) -> dict:
     """The registry row the indexer makes (build on meta, inspect, analyze), with recipe kwargs."""
-    from zoo.indexer import record_of
+    from zoo.indexing.indexer import record_of
 
     record, _ = record_of(f"torchvision/{builder}", Recipe("torchvision", builder, kwargs))
     assert record["status"] == "ok", record["error"]

@@ -27,7 +27,7 @@ TINY_LLAMA = dict(model_type="llama", architectures=["LlamaForCausalLM"], hidden
 # address space to what it has plus `extra` bytes: a real allocation past that fails at once, on any machine.
 _HEAD = """
 import re, resource, sys
-import torch, transformers, zoo, zoo.indexer, zoo.meta
+import torch, transformers, zoo, zoo.indexing.indexer, zoo.meta
 from zoo.families import hf
 hf.build("AutoModelForCausalLM", {"config": %r})
 vm = int(re.search(r"VmSize:\\s+(\\d+)", open("/proc/self/status").read()).group(1)) * 1024
@@ -190,12 +190,12 @@ def test_5_local_cache_goes_on_past_a_repo_with_a_bad_name(tmp_path, monkeypatch
 
 def test_5_an_unreadable_cached_config_is_recorded_as_the_documented_kind_config(tmp_path, monkeypatch):
     """A cached config.json that is not a JSON object is recorded with the failure kind "config", and the docs of
-    the kinds (zoo.weights.hub_listing, zoo.errors.HubUnavailable) name it, not "no-config" (a repo without one)."""
+    the kinds (zoo.indexing.hub_listing, zoo.errors.HubUnavailable) name it, not "no-config" (a repo without one)."""
     from huggingface_hub import constants
 
     from tests.test_hf import populate_cache
     from zoo.errors import HubUnavailable
-    from zoo.weights import hub_listing
+    from zoo.indexing import hub_listing
 
     folder = tmp_path / "src"
     folder.mkdir()

@@ -28,7 +28,7 @@ NAME = "user/tied"
 @pytest.fixture(scope="module")
 def reg(tmp_path_factory):
     """A writable registry holding the tied test model (tests.builders:tied_net)."""
-    from zoo import indexer
+    from zoo.indexing import indexer
     from zoo.recipe import Recipe
 
     url = f"sqlite:///{tmp_path_factory.mktemp('bad_input') / 'reg.db'}"

@@ -12,7 +12,7 @@ import torch
 
 import zoo
 from tests.conftest import cli_json, run_cli
-from zoo import benchmark
+from zoo.throughput import benchmark
 from zoo.registry import db, store
 
 FEW = dict(steps=2, warmup=1)
@@ -20,7 +20,7 @@ FEW = dict(steps=2, warmup=1)
 
 @pytest.fixture(scope="module")
 def indexed(tmp_path_factory) -> str:
-    from zoo import indexer
+    from zoo.indexing import indexer
     from zoo.recipe import Recipe
 
     url = f"sqlite:///{tmp_path_factory.mktemp('bench') / 'bench.db'}"
@@ -123,7 +123,7 @@ def test_a_dtype_is_one_kind_of_run_whatever_its_spelling(registry):
     z = zoo.connect(registry)
     first = zoo.bench("timm/resnet18", registry=z, dtype="half", **FEW)
     assert (first["dtype"], first["skipped"]) == ("fp16", False)
-    from zoo.benchmark import run_search
+    from zoo.throughput.benchmark import run_search
 
     [again] = run_search(z, "name=timm/resnet18", dtype="torch.float16", **FEW)
     assert again["skipped"], again

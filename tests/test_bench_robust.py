@@ -10,7 +10,7 @@ import sqlite3
 import pytest
 
 import zoo
-from zoo import benchmark
+from zoo.throughput import benchmark
 from zoo.cli import main
 from zoo.registry import db
 
@@ -21,7 +21,7 @@ WORKING = ["timm/resnet18", "torchvision/mobilenet_v3_small", "user/conv"]  # us
 
 @pytest.fixture(scope="module")
 def indexed(tmp_path_factory) -> str:
-    from zoo import indexer
+    from zoo.indexing import indexer
     from zoo.recipe import Recipe
 
     url = f"sqlite:///{tmp_path_factory.mktemp('bench_robust') / 'r.db'}"

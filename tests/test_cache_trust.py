@@ -85,7 +85,7 @@ def test_a_record_planted_in_a_shared_cache_does_not_make_a_tampered_file_load(f
     """Everything a verified/ record holds (real path, inode, size, mtime, ctime, the recorded hash) is readable by
     anyone: planted in a world-writable cache, it made a file of 1e30s load as the recorded weights."""
     import zoo
-    from zoo import indexer
+    from zoo.indexing import indexer
     from zoo.errors import CheckpointError
     from zoo.recipe import Recipe
 
@@ -118,7 +118,7 @@ def test_a_record_anyone_else_could_write_is_a_miss(cache, tmp_path, how):
 def test_a_timm_loader_record_in_a_shared_cache_is_not_replayed(cache, monkeypatch):
     """A timm-loader record is replayed with the strictness it names (own_cache): planted, it could turn strict off."""
     timm = pytest.importorskip("timm")
-    from zoo import timm_loader
+    from zoo.families import timm_loader
 
     monkeypatch.setattr(timm_loader, "_caught", {})  # as a fresh process starts: the record is written
     tag, kwargs = "resnet18.a1_in1k", {}
@@ -140,7 +140,7 @@ def _caught_timm_args() -> dict:
 
 def _write_at_the_old_temporary_name(kind: str, cache: Path, tmp_path: Path) -> tuple[Path, callable]:
     """(the record, a call that writes it): where zoo wrote `<record>.<pid>.tmp` before renaming it."""
-    from zoo import timm_loader
+    from zoo.families import timm_loader
     from zoo.weights.digest import digest
 
     if kind == "verified":
@@ -179,7 +179,7 @@ def test_nothing_is_written_into_a_shared_cache(cache, tmp_path, kind):
 
 def _readers(kind: str, cache: Path, tmp_path: Path):
     """(the record's path, a call that reads it and returns what it found)."""
-    from zoo import timm_loader
+    from zoo.families import timm_loader
 
     if kind == "verified":
         path = _weights(tmp_path / "w.safetensors", 0.5)

@@ -117,7 +117,7 @@ def test_the_shipped_registry_is_built_from_the_catalog_files_as_they_are():
     """Each catalog file's recipe hashes to its shipped row's source hash: a file fixed without `make registry`
     leaves the registry sizing the old config (the fixed 8B-Instruct stayed at float32 in registry.db)."""
     from zoo.families import hf
-    from zoo.record import source_hash
+    from zoo.indexing.record import source_hash
     from zoo.registry import lite
 
     versions = hf.versions()

@@ -245,7 +245,7 @@ def test_38_a_cast_load_reads_a_file_that_cannot_be_mapped(tmp_path):
 
 @pytest.fixture(scope="module")
 def resnet_registry(tmp_path_factory) -> str:
-    from zoo import indexer
+    from zoo.indexing import indexer
 
     url = f"sqlite:///{tmp_path_factory.mktemp('pass4') / 'r.db'}"
     indexer.index_family(url, "timm", ["resnet18"])

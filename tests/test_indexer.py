@@ -14,7 +14,7 @@ import torch
 from safetensors.torch import save_file
 
 from tests.conftest import ROOT, cli_json, run_cli
-from zoo import indexer
+from zoo.indexing import indexer
 
 
 def _rows(url: str) -> list[tuple]:
@@ -50,7 +50,7 @@ def test_index_is_idempotent(backend_url):
 
 
 def test_workers_leave_the_callers_garbage_collector_as_it_was(tmp_path):
-    """An index run with workers freezes the libraries' objects out of garbage collection while it runs (zoo.indexer)
+    """An index run with workers freezes the libraries' objects out of garbage collection while it runs (zoo.indexing.indexer)
     and gives them back after: the caller's process collects as before."""
     import gc
 

@@ -16,18 +16,18 @@ PACKAGE = Path(zoo.__file__).resolve().parent
 # Lower layers first; a module may import only from its own layer or below. TYPE_CHECKING-only
 # imports (annotations) are not imports at run time and are skipped.
 LAYERS = [
-    ["zoo.errors", "zoo.constants", "zoo.columns", "zoo.roofline", "zoo.measured", "zoo.dtypes", "zoo.caching",
+    ["zoo.errors", "zoo.constants", "zoo.columns", "zoo.throughput.roofline", "zoo.throughput.measured", "zoo.dtypes", "zoo.caching",
      "zoo.scoped"],
     ["zoo.query", "zoo.recipe", "zoo.state", "zoo.inspection", "zoo.structure", "zoo.model_info"],
     ["zoo.meta", "zoo.offline", "zoo.weights", "zoo.construction"],
-    ["zoo.families", "zoo.timm_loader"],  # the timm family records its loader arguments at index time
-    ["zoo.build", "zoo.templates", "zoo.preprocess"],
-    ["zoo.analysis", "zoo.materialize", "zoo.plain_tensors", "zoo.pretrained", "zoo.record"],
+    ["zoo.families"],  # timm_loader among them: the timm family records its loader arguments at index time
+    ["zoo.build", "zoo.model_cache", "zoo.preprocess"],
+    ["zoo.analysis", "zoo.materialize", "zoo.plain_tensors", "zoo.pretrained"],
     ["zoo.registry"],
-    ["zoo.indexer", "zoo.hub_indexer"],
+    ["zoo.indexing"],  # the record of a row, the indexers, the hub listing
     ["zoo.load"],  # weights= resolved, .materialize and the lazy load: below the api, which binds them
-    ["zoo.api", "zoo.benchmark"],
-    ["zoo", "zoo.cli", "zoo.cli_index", "zoo.web"],  # readers at the top: the CLI and the web catalog, both through zoo.api
+    ["zoo.api", "zoo.throughput"],  # benchmark; roofline and measured (pure) sit in the first layer
+    ["zoo", "zoo.cli", "zoo.web"],  # readers at the top: the CLI and the web catalog, both through zoo.api
 ]
 MAX_LINES = 400
 

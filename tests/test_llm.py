@@ -381,7 +381,7 @@ TOWERS = {
 @pytest.mark.parametrize("kind", list(TOWERS))
 def test_speech_and_vision_models_get_their_own_inputs(kind):
     from zoo.families import hf
-    from zoo.indexer import record_of
+    from zoo.indexing.indexer import record_of
 
     config, inputs, first_output = TOWERS[kind]
     record, _ = record_of(f"hf/tiny-{kind}", hf.recipe_of(config.to_dict()))

@@ -642,7 +642,7 @@ def test_check_cli_needs_no_torch_for_safetensors(small_registry, tmp_path):
 
 def test_weights_by_tag_are_sha256_checked(tmp_path):
     from tests.conftest import cli_json, run_cli
-    from zoo import indexer
+    from zoo.indexing import indexer
 
     url = f"sqlite:///{tmp_path / 'reg.db'}"
     indexer.index_family(url, "timm", ["resnet18"])

@@ -15,7 +15,7 @@ from sqlalchemy.pool import NullPool
 
 import zoo
 from tests.web_support import serving_app
-from zoo import benchmark, roofline
+from zoo.throughput import benchmark, roofline
 from zoo.cli import main
 from zoo.columns import BY_NAME
 from zoo.registry import db, measurements, store
@@ -37,7 +37,7 @@ def strict(text: str):
 
 @pytest.fixture(scope="module")
 def template(tmp_path_factory) -> str:
-    from zoo import indexer
+    from zoo.indexing import indexer
     from zoo.recipe import Recipe
 
     url = f"sqlite:///{tmp_path_factory.mktemp('nonfinite') / 'r.db'}"

@@ -96,7 +96,7 @@ def test_recorded_preprocessing_is_what_the_transform_uses(fresh_url):
     from timm.models import get_pretrained_cfg
 
     import zoo
-    from zoo import indexer
+    from zoo.indexing import indexer
     from zoo.recipe import Recipe
     from zoo.registry import db
 

@@ -33,7 +33,7 @@ SAMPLE_TORCHVISION = ["resnet18.*", "mobilenet_v3_small.*", "googlenet.*", "quan
 @pytest.fixture(scope="module")
 def variants_url(tmp_path_factory) -> str:
     """A registry of the sample variants and two architectures; treat it as read-only."""
-    from zoo import indexer
+    from zoo.indexing import indexer
 
     url = f"sqlite:///{tmp_path_factory.mktemp('variants') / 'variants.db'}"
     timm_outcome = indexer.index_family(url, "timm", SAMPLE_TIMM, pretrained=True)
@@ -83,7 +83,7 @@ def test_every_torchvision_weights_has_its_published_params_and_ops(full):
     Quantized weights: num_params and _ops are the float model's (the int8 model holds no parameters), and so
     is the row (see zoo.families.torchvision.weights_kwargs)."""
     from zoo.families import torchvision as tv
-    from zoo.indexer import record_of
+    from zoo.indexing.indexer import record_of
     from zoo.recipe import Recipe
 
     (variant,) = [v for v in tv.variants([full])]
@@ -215,7 +215,7 @@ def test_a_timm_variant_is_analysed_at_its_weights_published_size():
     says 256; the weights' published cfg (timm's registry entry for the tag) says 336, and so does the row."""
     from timm.models import get_pretrained_cfg
 
-    from zoo import indexer
+    from zoo.indexing import indexer
     from zoo.build import build_meta
 
     tag = "vitamin_xlarge_336.datacomp1b_clip"
@@ -329,7 +329,7 @@ def test_index_refuses_bad_variant_requests_before_touching_the_registry(tmp_pat
 
 
 def test_an_unchanged_variant_is_not_rebuilt(variants_url):
-    from zoo import indexer
+    from zoo.indexing import indexer
 
     outcome = indexer.index_family(variants_url, "timm", ["resnet18.a1_in1k", "resnet18.tv_in1k"], pretrained=True)
     assert outcome.unchanged == ["timm/resnet18.a1_in1k", "timm/resnet18.tv_in1k"] and not outcome.indexed

@@ -76,7 +76,7 @@ def caches(tmp_path, monkeypatch):
 
 def add_row(url: str, name: str, family: str, builder: str, tag: str | None = None, kwargs: dict | None = None):
     """A registry row as the indexer writes a variant (kind, tag, arch_name) or an architecture."""
-    from zoo import indexer
+    from zoo.indexing import indexer
     from zoo.recipe import Recipe
     from zoo.registry import db
 

@@ -220,7 +220,7 @@ def test_search_fields_lists_every_searchable_field_with_its_unit(small_registry
     import zoo
 
     listed = json.loads(run_cli("search", "--fields", "--json", registry=small_registry).stdout)
-    # the columns, then the fields over zoo bench's measurements (zoo.measured), then the predictions (one per
+    # the columns, then the fields over zoo bench's measurements (zoo.throughput.measured), then the predictions (one per
     # row of the hardware table, named for the measured column each predicts)
     predicted = ["pred_infer_4090_amp", "pred_infer_5090_amp", "pred_infer_pro6000_amp", "pred_infer_i7_12700h_fp32",
                  "pred_train_3090_amp"]

@@ -99,7 +99,7 @@ def test_each_run_of_a_bench_search_is_seen_by_other_processes_as_it_goes(shared
     """A bench search (long-running: a write per model, reads between) while, after each model, a misspelt
     `zoo show` (its did-you-mean) and a plain sqlite3 reader run beside it, as the issue found them: each sees
     the run the bench has just reported, and the file is intact at the end."""
-    from zoo import benchmark
+    from zoo.throughput import benchmark
 
     search = "name~'timm/resnet1*' and kind=architecture and params<2e7"
     env = {**os.environ, "PYTHONPATH": str(ROOT)}

@@ -1,4 +1,4 @@
-"""zoo.roofline: the arithmetic on hand-computed rows, the hardware table, and bench/predict_throughput.py on
+"""zoo.throughput.roofline: the arithmetic on hand-computed rows, the hardware table, and bench/predict_throughput.py on
 the shipped registry."""
 
 import csv
@@ -11,7 +11,7 @@ import pytest
 
 from zoo.columns import THROUGHPUT
 from zoo.errors import InvalidArgument
-from zoo.roofline import HARDWARE, Device, load_hardware, predict
+from zoo.throughput.roofline import HARDWARE, Device, load_hardware, predict
 
 ROOT = Path(__file__).resolve().parent.parent
 # Two devices written out here (the published figures of catalog/hardware.csv, so a later edit of the

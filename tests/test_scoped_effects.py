@@ -12,7 +12,7 @@ from huggingface_hub.errors import OfflineModeIsEnabled
 from huggingface_hub.utils import get_session
 
 from tests import builders
-from zoo import timm_loader
+from zoo.families import timm_loader
 from zoo.build import build_meta
 from zoo.errors import BuildFailed, DownloadBlocked
 from zoo.recipe import Recipe

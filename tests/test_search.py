@@ -470,7 +470,7 @@ def test_sort_clause(engine):
 
 # The roofline of the README ("Predicted throughput"), restated from the hardware table's published figures:
 # seconds per sample = max(steps x flops / peak, (2 x steps x activations x element_bytes / 4 + steps x bytes /
-# batch) / bandwidth), steps 3 for training; samples/s is its inverse. Written out here, not zoo.roofline's.
+# batch) / bandwidth), steps 3 for training; samples/s is its inverse. Written out here, not zoo.throughput.roofline's.
 HARDWARE = {row["column"]: row for row in __import__("csv").DictReader(open(REPO / "catalog" / "hardware.csv"))}
 
 

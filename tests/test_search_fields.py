@@ -1,5 +1,5 @@
 """Zoo.search(fields=...) takes every field the search takes: a column, a measured field (bench_cpu: the model's
-best recorded run, as the search compares it) and a predicted one (pred_*: zoo.roofline, as `zoo show` prints it);
+best recorded run, as the search compares it) and a predicted one (pred_*: zoo.throughput.roofline, as `zoo show` prints it);
 anything else for `fields` is zoo's InvalidArgument naming the argument. On both backends and both read paths."""
 
 import shutil
@@ -7,15 +7,15 @@ import shutil
 import pytest
 
 import zoo
-from zoo import benchmark
-from zoo.roofline import PREDICTED, predicted
+from zoo.throughput import benchmark
+from zoo.throughput.roofline import PREDICTED, predicted
 
 PRED = next(iter(PREDICTED))
 
 
 @pytest.fixture(scope="module")
 def template(tmp_path_factory) -> str:
-    from zoo import indexer
+    from zoo.indexing import indexer
     from zoo.recipe import Recipe
     from zoo.registry import db
 

@@ -6,7 +6,7 @@ import pytest
 
 import zoo
 from tests.conftest import ROOT
-from zoo import indexer
+from zoo.indexing import indexer
 from zoo.families import family
 from zoo.recipe import Recipe
 from zoo.model_info import decode_tensors

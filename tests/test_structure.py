@@ -9,7 +9,7 @@ from torch import nn
 
 from tests.conftest import cli_json
 import zoo
-from zoo import indexer
+from zoo.indexing import indexer
 from zoo.build import build_meta
 from zoo.columns import ANALYSIS
 from zoo.recipe import Recipe

@@ -8,7 +8,7 @@ import pytest
 timm = pytest.importorskip("timm")
 
 from tests.test_pretrained_load import assert_bitwise, caches, hub_file, safetensors_bytes, seeded_state  # noqa: E402,F401
-from zoo import timm_loader  # noqa: E402
+from zoo.families import timm_loader  # noqa: E402
 
 TAG = "vit_tiny_patch16_224.augreg_in21k_ft_in1k"
 
@@ -90,7 +90,7 @@ def test_a_record_for_another_key_or_corrupt_is_a_miss(cache, monkeypatch):
 @pytest.fixture
 def indexed(fresh_url, cache):
     """TAG and its architecture indexed as `zoo index timm` does, into a fresh registry."""
-    from zoo import indexer
+    from zoo.indexing import indexer
 
     indexer.index_family(fresh_url, "timm", [TAG], pretrained=True)
     indexer.index_family(fresh_url, "timm", [TAG.split(".")[0]])
@@ -167,7 +167,7 @@ def test_a_filter_timm_builds_as_a_partial_is_recorded_and_replayed(fresh_url, c
     import functools
 
     import zoo
-    from zoo import indexer
+    from zoo.indexing import indexer
 
     tag = "deit_tiny_patch16_224.fb_in1k"
     caught = timm_loader._catch(tag, {})["filter_fn"]

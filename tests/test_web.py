@@ -23,7 +23,7 @@ from zoo import render
 from zoo.api import Zoo
 from zoo.cli import parser
 from zoo.errors import InvalidArgument, ModelNotFound, SearchSyntaxError
-from zoo.measured import MEASURED
+from zoo.throughput.measured import MEASURED
 from zoo.query import parse
 from zoo.web import views
 from zoo.web.app import create_app
@@ -78,7 +78,7 @@ def test_a_search_shows_the_numbers_it_names_as_columns(site, small_registry, q,
     """As `zoo search` does: a published metric, a prediction or a measured field that the search or its sort
     names is a column after the default ones, each row holding the model's own number (a measured one: its best
     recorded run, none in this registry; tests/test_bench_cmd.py has some)."""
-    from zoo.roofline import predicted
+    from zoo.throughput.roofline import predicted
 
     status, body = get_json(site, "/api/search", q=q, sort=sort)
     assert status == 200 and body["columns"] == [*views.TABLE_COLUMNS, *named]
@@ -141,7 +141,7 @@ def test_a_number_that_is_not_plain_ascii_digits_is_a_400(site, path, key, value
 def test_the_plot_points_carry_the_axes_the_url_names_and_their_predictions(site, small_registry):
     """x=infer_4090_amp brings each point's measured number and its prediction (pred_infer_4090_amp, the
     roofline of the row's flops, bytes and activations); y=test_top1 its own column; the defaults stay."""
-    from zoo.roofline import predicted
+    from zoo.throughput.roofline import predicted
 
     status, body = get_json(site, "/api/search", x="infer_4090_amp", y="test_top1")
     assert status == 200

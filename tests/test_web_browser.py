@@ -320,7 +320,7 @@ def test_the_plot_takes_any_two_fields_and_marks_predictions(browser, site, smal
     the measured ones are drawn; the static catalog draws the same."""
     from selenium.webdriver.common.action_chains import ActionChains
 
-    from zoo.roofline import predicted
+    from zoo.throughput.roofline import predicted
 
     everything = Zoo(small_registry).search(None, limit=None)
     measured = {i.name: i.infer_4090_amp for i in everything if i.infer_4090_amp and i.params}

@@ -92,7 +92,7 @@ def test_every_model_builds_through_zoo_and_matches_its_row(family_name):
 
 @functools.cache
 def _variants(family_name: str) -> dict:
-    from zoo.indexer import wanted_variants
+    from zoo.indexing.indexer import wanted_variants
 
     return wanted_variants(family_name)
 

@@ -73,8 +73,8 @@ def transform(name: str, train: bool = False, test_size: bool = False):
 
 def bench(name: str, registry: str | Zoo | None = None, **options) -> dict:
     """Measure a model's throughput on this machine (device, batch, dtype, train, steps, warmup, compile,
-    channels_last) and record the run in the registry, which must be writable (see zoo.benchmark.run)."""
-    from zoo.benchmark import run
+    channels_last) and record the run in the registry, which must be writable (see zoo.throughput.benchmark.run)."""
+    from zoo.throughput.benchmark import run
 
     return run(_registry(registry), name, **options)
 

@@ -36,7 +36,7 @@ if TYPE_CHECKING:  # torch only when a module is built
     from torch import nn
 
     from zoo.analysis import Estimate, Scan
-    from zoo.indexer import Outcome
+    from zoo.indexing.indexer import Outcome
     from zoo.weights.fit import Fit
 
 
@@ -82,14 +82,14 @@ class Zoo:
         if not computed:
             return self._search(expression, order_by, limit, fields)
         # measured and predicted fields are not columns: read the columns they come from, then compute them
-        from zoo.measured import MEASURED
-        from zoo.roofline import INPUTS, PREDICTED, predicted
+        from zoo.throughput.measured import MEASURED
+        from zoo.throughput.roofline import INPUTS, PREDICTED, predicted
 
         read = [*(f for f in fields if f not in computed), "name", *(INPUTS if set(computed) & set(PREDICTED) else ())]
         rows = self._search(expression, order_by, limit, tuple(dict.fromkeys(read)))
         best = {}
         if set(computed) & set(MEASURED):
-            from zoo.benchmark import fastest
+            from zoo.throughput.benchmark import fastest
 
             best = {f: fastest(self, [r["name"] for r in rows], f) for f in computed if f in MEASURED}
         return [{f: best[f].get(r["name"]) if f in MEASURED else predicted(r, f) if f in PREDICTED else r[f]
@@ -160,7 +160,7 @@ class Zoo:
         return module
 
     def _get_meta(self, name: str, overrides: dict) -> nn.Module:
-        from zoo import templates
+        from zoo import model_cache
         from zoo.build import build_meta, check_against_record
 
         info, source_hash = self._row(name)
@@ -184,7 +184,7 @@ class Zoo:
             return module
 
         # scan and estimate run with the row's own inputs (zoo.analysis.inputs.described): a variant's tag, a user's
-        module, ties = templates.cached(key, build)
+        module, ties = model_cache.cached(key, build)
         return bind(module, ZooState(recipe, info.name, self.url, info.tag if info.kind == "variant" else None,
                                      inputs, None if overrides else info.load_args, ties))
 
@@ -239,7 +239,7 @@ class Zoo:
 
     def add_weights(self, name: str, path, tag: str = "default", strict: bool = True) -> str:
         """Record a weights file for a model under a tag, with its sha256, once it fits the model; returns the sha256."""
-        from zoo.indexer import is_constructor_tag
+        from zoo.indexing.indexer import is_constructor_tag
         from zoo.weights.digest import digest
 
         if (not isinstance(tag, str) or not tag.strip() or len(tag) > 64 or "/" in tag or tag.startswith("hf:")
@@ -282,7 +282,7 @@ class Zoo:
         architectures and variants. source "hf": targets are config sources (config.json files, directories,
         catalog files, hub repo ids), `name` for a single one, `revision` for repo ids; or instead the hub's
         repos that author, search, filter, limit or local_cache pick (index_hub)."""
-        from zoo import indexer
+        from zoo.indexing import indexer
 
         indexer.workers_for(jobs)  # refused before anything is built
         targets = [targets] if isinstance(targets, str) else list(targets)  # one pattern or source, not its letters
@@ -310,8 +310,8 @@ class Zoo:
         author/search/filter (at most limit), or with local_cache every model in the local hub cache, offline.
         Each repo is a row hf/ORG/NAME with the hub's metadata; a repo that fails is a row with its reason.
         Repos already recorded from the same commit are skipped, so a rerun resumes an interrupted run."""
-        from zoo import hub_indexer
-        from zoo.weights import hub_listing
+        from zoo.indexing import hub
+        from zoo.indexing import hub_listing
 
         if limit is not None and (not isinstance(limit, int) or isinstance(limit, bool) or limit < 1):
             raise InvalidArgument(f"limit is a whole number >= 1, not {limit!r}")
@@ -324,7 +324,7 @@ class Zoo:
             if not (author or search or filter or limit):
                 raise InvalidArgument("say which hub repos: author, search, filter or limit (the hub holds millions)")
             repos, origin = hub_listing.list_repos(author, search, filter, limit), "hub listing"
-        return hub_indexer.index_hub(url, repos, origin, force=force, progress=progress)
+        return hub.index_hub(url, repos, origin, force=force, progress=progress)
 
     def index_builder(self, builder: str, name: str, kwargs: dict | None = None, force: bool = False,
                       inputs=None) -> dict:
@@ -332,7 +332,7 @@ class Zoo:
         A model of another family or builder under that name is replaced only with force=True. `inputs`:
         its input spec, "1,3,224,224" or [{"shape": [1, 16], "dtype": "int64", "name": "input_ids"}, ...]
         (the first dimension is the batch), recorded so that the model gets FLOPs, scan and estimate."""
-        from zoo import indexer
+        from zoo.indexing import indexer
         from zoo.analysis.inputs import parse_inputs
 
         parsed = parse_inputs(inputs) if inputs is not None else None  # refused before anything is built
@@ -343,7 +343,7 @@ class Zoo:
 
     def index_checkpoint(self, path, name: str | None = None, force: bool = False) -> dict:
         """Record a weights file's tensors (no module); returns its row."""
-        from zoo import indexer
+        from zoo.indexing import indexer
 
         name = name or name_part(Path(path).stem)  # a name without a family is a checkpoint's, as a builder's is user/
         name = check_name(name if "/" in check_name(name) else f"checkpoint/{name}", new=True)

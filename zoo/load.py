@@ -114,7 +114,7 @@ def open_tag(ref: WeightsRef):
 def constructor_files(url: str, name: str) -> list[str]:
     """The weights files a model's constructor reads itself (recorded at index time as tags
     "constructor", "constructor-2", ...), each checked against its recorded sha256."""
-    from zoo.indexer import is_constructor_tag
+    from zoo.indexing.indexer import is_constructor_tag
     from zoo.weights.digest import verify
 
     files = [w for w in row_of(url, name)[0].weights if is_constructor_tag(w["tag"])]

@@ -265,7 +265,7 @@ def force_meta(shadow_limit: int = SHADOW_LIMIT):
     with one thread as with the default (median ms, one / default: timm vit_base_patch16_224 11 / 11,
     torchvision resnet50 16 / 16, fasterrcnn_resnet50_fpn with all values kept 24 / 25, a Llama-8B
     config 17 / 16), and no better with two processes at once (zoo index -j 2) or 16 threads. (Forked
-    index workers are single-threaded, for fork safety: zoo.indexer._worker_start.)"""
+    index workers are single-threaded, for fork safety: zoo.indexing.indexer._worker_start.)"""
     with ForceMeta(shadow_limit) as mode:
         yield mode
 

@@ -1,6 +1,6 @@
 """No downloads during a build: for the building thread only, torch.hub refuses and huggingface_hub is offline.
 
-Below the families, so that a family's index-time hooks (zoo.timm_loader's catch) run under it as builds do.
+Below the families, so that a family's index-time hooks (zoo.families.timm_loader's catch) run under it as builds do.
 """
 
 import contextlib

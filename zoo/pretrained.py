@@ -8,7 +8,7 @@ is one timm and torchvision find, and the other way round.
 The result is the state timm.create_model(tag, pretrained=True) and torchvision.models.get_model(name,
 weights=W) give from the same files: timm's own arguments to load_pretrained (its per-model checkpoint
 filter, the classifier handling, strictness) are caught from a meta build with pretrained=True and
-remembered (zoo.timm_loader), and replayed here. The filter runs first on meta tensors: what it passes through unchanged (the bulk of a
+remembered (zoo.families.timm_loader), and replayed here. The filter runs first on meta tensors: what it passes through unchanged (the bulk of a
 checkpoint) is read straight from the file into the model's new memory; only what it computes
 (a resampled position embedding, a reshaped kernel) is computed, by the filter itself, on real values.
 Formats timm loads with a model's own code (.npz through custom_load) are refused with a clear error.
@@ -23,7 +23,7 @@ from pathlib import Path
 from zoo.errors import CheckpointError, HubUnavailable, InvalidArgument
 from zoo.families import family
 from zoo.families.torchvision import weights_of
-from zoo.timm_loader import timm_load_arguments
+from zoo.families.timm_loader import timm_load_arguments
 from zoo.weights.hub import offline
 from zoo.weights.placement import box_slices
 from zoo.weights.sources import PICKLE_SUFFIXES, SafetensorsSource, Source, Spec, TensorDictSource, load_pickle
@@ -45,7 +45,7 @@ def pretrained_source(recipe, tag: str | None, module, recorded: dict | None = N
     """(source, strict) to load `module` (built from `recipe`, on meta) with its library's published weights.
     tag: the weights tag of a variant row (torchvision's "IMAGENET1K_V2"); None for an architecture row,
     which gets the library's default weights (timm: create_model(name, pretrained=True); torchvision: DEFAULT).
-    recorded: the row's load_args (zoo.timm_loader), used when they are for this very builder."""
+    recorded: the row's load_args (zoo.families.timm_loader), used when they are for this very builder."""
     if recipe is None:
         raise InvalidArgument("weights='pretrained' needs the model's recipe: get the module with zoo.get")
     kind = family(recipe.family).PRETRAINED  # where its library publishes weights (zoo.families.base)

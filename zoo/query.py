@@ -22,8 +22,8 @@ from typing import NamedTuple
 
 from zoo.columns import BY_NAME, PUBLIC, SEARCH_FIELDS as FIELDS
 from zoo.errors import InvalidArgument, InvalidComparison, SearchSyntaxError
-from zoo.measured import MEASURED
-from zoo.roofline import PREDICTED
+from zoo.throughput.measured import MEASURED
+from zoo.throughput.roofline import PREDICTED
 
 MAX_LENGTH = 10_000  # characters in a search
 # Nested parentheses and `not`s. SQLite before 3.46 has a fixed parser stack (100 entries) that
@@ -44,8 +44,8 @@ _NUMBER = re.compile(
 _SUFFIXES = {"k": 10**3, "K": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "B": 10**9,  # B: billions ("7B")
              "kB": 10**3, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
              "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40}  # fmt: skip
-# What a search compares and sorts by: the columns, the predicted fields (zoo.roofline: computed from a row's
-# columns) and the measured ones (zoo.measured: a model's best recorded run sorts it)
+# What a search compares and sorts by: the columns, the predicted fields (zoo.throughput.roofline: computed from a row's
+# columns) and the measured ones (zoo.throughput.measured: a model's best recorded run sorts it)
 COMPARED = {**FIELDS, **dict.fromkeys(PREDICTED, "number"), **dict.fromkeys(MEASURED, "number")}
 _FIELD_LIST = ", ".join(COMPARED)
 

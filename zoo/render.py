@@ -81,7 +81,7 @@ def field_rows() -> list[list[str]]:
     """Every searchable field: name, type, unit and meaning, from its one declaration (zoo.columns)."""
     from zoo.columns import COLUMNS
 
-    from zoo import measured, roofline
+    from zoo.throughput import measured, roofline
 
     return [[c.name, c.search_type, c.unit or "-", c.doc] for c in COLUMNS if c.searchable] + \
         [[f, "number", measured.UNIT, measured.doc(f)] for f in measured.MEASURED] + \
@@ -104,8 +104,8 @@ def _words(expression, sort: str | None) -> set[str]:
 
 def search_columns(expression, sort: str | None = None) -> tuple[str, ...]:
     """The table's columns: the default ones, plus every stored or predicted number the search or its sort
-    names, after the name (`zoo search "top1>85"` shows top1; measured ones come from cli_bench.measured_columns)."""
-    from zoo.measured import MEASURED
+    names, after the name (`zoo search "top1>85"` shows top1; measured ones come from zoo.cli.bench.measured_columns)."""
+    from zoo.throughput.measured import MEASURED
 
     named = [f for f in named_numbers(expression, sort) if f not in MEASURED and f not in SEARCH_COLUMNS]
     if "variant" in _words(expression, sort) and "top1" not in named:  # kind=variant: the headline metric
@@ -114,7 +114,7 @@ def search_columns(expression, sort: str | None = None) -> tuple[str, ...]:
 
 
 def cell(info, column: str) -> str:
-    from zoo.roofline import PREDICTED, predicted
+    from zoo.throughput.roofline import PREDICTED, predicted
 
     if column in PREDICTED:  # computed from the row, as the search computes it
         value = predicted(info, column)
@@ -184,7 +184,7 @@ def variant_rows(info) -> list[tuple[str, str]]:
 
 def published_rows(info) -> list[tuple[str, str]]:
     """Published numbers with the size each is at: top1 and the throughput at the row's input size, the test-size
-    result and its FLOPs at test_input_size; and the predicted throughput (zoo.roofline), named a prediction."""
+    result and its FLOPs at test_input_size; and the predicted throughput (zoo.throughput.roofline), named a prediction."""
     from zoo.columns import THROUGHPUT
 
     def px(size) -> str:
@@ -199,7 +199,7 @@ def published_rows(info) -> list[tuple[str, str]]:
     rows += [(column, f"{_speed(getattr(info, column))} samples/s at {px(info.input_size)}, batch "
                       f"{getattr(info, column + '_batch')} (timm's published benchmark)")
              for column in THROUGHPUT if getattr(info, column) is not None]
-    from zoo.roofline import PREDICTED, predicted
+    from zoo.throughput.roofline import PREDICTED, predicted
 
     rows += [(field, f"{_speed(value)} samples/s at {px(info.input_size)}, batch {PREDICTED[field].batch} "
                      f"(PREDICTED: the roofline upper bound, not a measurement)")

@@ -1,6 +1,6 @@
 """Throughput measured by `zoo bench`: one row per run, with the hardware, the mode, the result, and who measured
 it when with which versions (zoo.registry.tables.Measurement). The index serves the measured search fields
-(zoo.measured: `bench_cpu>100` is an EXISTS over a model's rows of one device and mode) and `zoo show`.
+(zoo.throughput.measured: `bench_cpu>100` is an EXISTS over a model's rows of one device and mode) and `zoo show`.
 
 Revision ID: 0009
 Revises: 0008

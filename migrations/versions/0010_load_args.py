@@ -1,4 +1,4 @@
-"""timm's load_pretrained arguments, caught at index time (zoo.timm_loader): a pretrained load replays them
+"""timm's load_pretrained arguments, caught at index time (zoo.families.timm_loader): a pretrained load replays them
 rather than building the model a second time to catch them.
 
 Revision ID: 0010

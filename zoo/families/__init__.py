@@ -4,7 +4,7 @@ A family module implements zoo.families.base.Family: what it builds and how it d
 pretrained variants and published results, its preprocessing, and flags for what zoo does with its rows
 (BUILDS, LANGUAGE_MODEL, CONSTRUCTION_DECIDES, PUBLISHED_RESULTS); what it has no use for it takes from
 zoo.families.base. Adding a family is a module (tests/toy_family.py is one) and a line in FAMILIES. Families
-build and describe; recording is the indexer's (zoo.indexer), and nothing here imports the registry or the API.
+build and describe; recording is the indexer's (zoo.indexing.indexer), and nothing here imports the registry or the API.
 """
 
 import importlib

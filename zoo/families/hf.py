@@ -7,16 +7,19 @@ Only transformers' own classes are built: configs that ask for remote code (`aut
 transformers is imported only when a model is built (it takes seconds).
 """
 
+import json
+import os
 import re
 from pathlib import Path
 
-from zoo.errors import InvalidRecipe, UntrustedBuilder
+from zoo.errors import CheckpointError, InvalidRecipe, UntrustedBuilder
 from zoo.families import torch_version
 from zoo.families.base import (  # noqa: F401 - the protocol's answers it takes as they are
     BUILDS, CONSTRUCTION_DECIDES, INPUTS_RECORDED, PRETRAINED, PUBLISHED_RESULTS, architecture_columns,
     load_arguments, preprocess, read_results, results_folder, variant_name, variants, weights_tag,
 )
 from zoo.recipe import Recipe
+from zoo.weights.paths import open_regular
 from zoo.weights.hub import REPO_ID
 
 NAME = "hf"
@@ -185,7 +188,7 @@ def versions() -> dict:
     return {"torch": torch_version(), "transformers": version("transformers")}
 
 
-# --- config sources -> recipes (the indexer records them: zoo.indexer.index_configs) ------------------------------------------------------
+# --- config sources -> recipes (the indexer records them: zoo.indexing.indexer.index_configs) ------------------------------------------------------
 
 def head_of(config: dict) -> str:
     """The auto class for a config: the one whose mapping lists its `architectures` class, else the
@@ -236,7 +239,7 @@ def load_config(source: str, revision: str | None = None) -> tuple[dict, str]:
         file = path / "config.json" if path.is_dir() else path
         if not file.is_file():
             raise InvalidRecipe(f"{source}: no config.json in this directory")
-        config = _read_json(file)
+        config = read_config(file)
         if "__" in file.stem and file.name != "config.json":  # a catalog file: ORG__NAME.json
             return config, "hf/" + file.stem.replace("__", "/", 1)
         named = config.get("_name_or_path")
@@ -253,13 +256,33 @@ def load_config(source: str, revision: str | None = None) -> tuple[dict, str]:
         raise InvalidRecipe(f"{source!r} is neither a config.json, a directory holding one, nor a hub repo id")
     from zoo.weights.hub import download
 
-    return _read_json(Path(download(source, "config.json", revision))), f"hf/{source}"
+    return read_config(Path(download(source, "config.json", revision))), f"hf/{source}"
 
 
-def _read_json(file: Path) -> dict:
-    from zoo.weights.hub_listing import read_config
+# The largest config.json read: real ones are kilobytes (a 22k-class label map about 1 MB); a 40 MB one grew
+# an index run past 3 GiB.
+MAX_CONFIG_BYTES = 4 << 20
 
-    return read_config(file)
+
+def read_config(path: Path) -> dict:
+    """A config.json as a dict; InvalidRecipe if it is larger than MAX_CONFIG_BYTES, not JSON, nested past the
+    parser's recursion, or not a JSON object (the file is untrusted)."""
+    try:
+        with os.fdopen(open_regular(path, "config.json"), "rb") as f:  # a FIFO named config.json must not hang
+            raw = f.read(MAX_CONFIG_BYTES + 1)
+    except (CheckpointError, OSError) as e:
+        raise InvalidRecipe(f"{path}: not a readable config.json ({e})") from None
+    if len(raw) > MAX_CONFIG_BYTES:
+        raise InvalidRecipe(f"{path}: config.json is larger than {MAX_CONFIG_BYTES >> 20} MiB: not a model's config")
+    try:
+        config = json.loads(raw)
+    except ValueError as e:  # not UTF-8, not JSON, an integer past Python's 4300-digit limit
+        raise InvalidRecipe(f"{path}: not a readable config.json ({e})") from None
+    except RecursionError:
+        raise InvalidRecipe(f"{path}: config.json is nested too deeply to be a model's config") from None
+    if not isinstance(config, dict):
+        raise InvalidRecipe(f"{path}: a config.json holds a JSON object")
+    return config
 
 
 def tokenize(name: str, text: str) -> list[int]:

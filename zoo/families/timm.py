@@ -62,14 +62,14 @@ def build(builder: str, kwargs: dict):
 
 
 def load_arguments(builder: str, kwargs: dict) -> dict | None:
-    """timm's load_pretrained arguments (zoo.timm_loader), for a tag, or an architecture whose default cfg names
+    """timm's load_pretrained arguments (zoo.families.timm_loader), for a tag, or an architecture whose default cfg names
     published weights; a second meta build, at index time, that a pretrained load then skips."""
     from timm.models import get_pretrained_cfg
 
     cfg = get_pretrained_cfg(builder)
     if cfg is None or not (cfg.hf_hub_id or cfg.url):
         return None
-    from zoo.timm_loader import record_for_index
+    from zoo.families.timm_loader import record_for_index
 
     return record_for_index(builder, kwargs)
 

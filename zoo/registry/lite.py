@@ -268,7 +268,7 @@ def variants(url: str, name: str):
 def measurements(url: str, name: str) -> list[dict] | None:
     """zoo.registry.measurements.of_model for a full name, from a plain SQLite registry file at this schema; None
     where this path does not apply."""
-    from zoo.measured import clean_run
+    from zoo.throughput.measured import clean_run
 
     con = _open(url)
     if con is None:

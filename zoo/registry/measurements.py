@@ -9,7 +9,7 @@ from sqlalchemy.orm import Session
 
 from zoo.columns import finite
 from zoo.errors import InvalidArgument
-from zoo.measured import RUN_JSON, clean_run
+from zoo.throughput.measured import RUN_JSON, clean_run
 from zoo.registry.store import check_lengths, resolve
 from zoo.registry.tables import Measurement, Model
 from zoo.registry.where import FINITE
@@ -41,7 +41,7 @@ def recorded(session: Session, name: str, kind: dict) -> bool:
 
 
 def of_model(session: Session, name: str) -> list[dict]:
-    """Every run of `name`, oldest first: each column of the table but the ids, as zoo.measured.clean_run reads it."""
+    """Every run of `name`, oldest first: each column of the table but the ids, as zoo.throughput.measured.clean_run reads it."""
     row = resolve(session, name)
     runs = session.scalars(select(Measurement).where(Measurement.model_id == row.id).order_by(Measurement.id))
     return [clean_run({c.name: getattr(m, c.name) for c in Measurement.__table__.c if c.name not in ("id", "model_id")})

@@ -88,7 +88,7 @@ class Weights(Base):
 
 
 class Measurement(Base):
-    """One throughput measurement by `zoo bench` (zoo.benchmark): a model, the hardware it ran on, the mode
+    """One throughput measurement by `zoo bench` (zoo.throughput.benchmark): a model, the hardware it ran on, the mode
     (infer/train, dtype, batch, torch.compile, channels_last, threads), the result, and who measured it when
     with which library versions. Rows from everyone's machines sit side by side in a team's registry."""
 

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 from zoo.columns import BY_NAME
 from zoo.errors import SearchSyntaxError
-from zoo.measured import MEASURED
+from zoo.throughput.measured import MEASURED
 from zoo.query import MAX_COMPARISONS, MAX_DEPTH, And, Compare, Expr, Not, Or, check, parse, parse_sort
-from zoo.roofline import PREDICTED, coefficients
+from zoo.throughput.roofline import PREDICTED, coefficients
 
 DIALECTS = ("sqlite", "postgresql")
 _OPS = ("<", "<=", ">", ">=", "=", "!=")
@@ -57,7 +57,7 @@ def _bytewise(sql: str, dialect: str) -> str:
 
 
 def predicted_sql(field: str) -> str:
-    """A predicted field's samples/s (zoo.roofline.predict from the same coefficients), NULL for a row without
+    """A predicted field's samples/s (zoo.throughput.roofline.predict from the same coefficients), NULL for a row without
     flops, bytes or activations. A CASE, not AND: PostgreSQL may evaluate an AND's division before its guard.
     The coefficients are the hardware table's, not the user's, and repr(float) is a SQL number."""
     device = PREDICTED[field]
@@ -76,7 +76,7 @@ FINITE = "BETWEEN -1.7976931348623157e308 AND 1.7976931348623157e308"
 
 def best_measured_sql(field: str) -> str:
     """A measured field's sort key: the model's best recorded samples/s of that device and mode (its runs of a
-    finite number), NULL without one. The device and mode are zoo.measured's names, not the user's."""
+    finite number), NULL without one. The device and mode are zoo.throughput.measured's names, not the user's."""
     device, mode = MEASURED[field]
     return (f"SELECT MAX(measurements.samples_per_s) FROM measurements WHERE measurements.model_id = models.id "
             f"AND measurements.device = '{device}' AND measurements.mode = '{mode}' "

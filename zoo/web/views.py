@@ -17,9 +17,9 @@ from zoo.errors import (
 )
 from zoo.families import family
 from zoo.model_info import ModelInfo
-from zoo.measured import MEASURED
+from zoo.throughput.measured import MEASURED
 from zoo.query import COMPARED, parse_sort
-from zoo.roofline import PREDICTED, predicted
+from zoo.throughput.roofline import PREDICTED, predicted
 
 # Every answer is bounded: a page of rows, a page of tensors, at most MAX_RESULTS rows behind a
 # search's facets and plot (more are reported as `more`, never sent), at most MAX_TREE_MODULES modules.
@@ -132,7 +132,7 @@ def search(zoo: Zoo, params) -> dict:
     for row in rows:  # the table's columns: this page
         row.update({f: predicted(row, f) for f in named if f in PREDICTED and f not in row})
     if any(f in MEASURED for f in named):
-        from zoo.benchmark import fastest
+        from zoo.throughput.benchmark import fastest
 
         for field in (f for f in named if f in MEASURED):  # each model's best recorded run, as the search compares
             best = fastest(zoo, [r["name"] for r in rows], field)
@@ -204,7 +204,7 @@ def estimate(zoo: Zoo, name: str, params) -> dict:
 def catalog_index(zoo: Zoo) -> dict:
     """Every model as a search row, with the grammar's fields: the static catalog searches this in the page. A
     measured field (bench_cpu, ...) is each model's best recorded run, as the search compares and sorts it."""
-    from zoo.benchmark import fastest
+    from zoo.throughput.benchmark import fastest
 
     rows = [summary(i) for i in zoo.search(None, limit=None)]
     for field in MEASURED:

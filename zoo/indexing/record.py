@@ -2,7 +2,7 @@
 
 A variant built right after its architecture takes the architecture's build where its construction is the same
 (zoo.construction), and an analysis is reused where the same module was analysed at the same input, or where a
-module of the same structure was (zoo.structure). zoo.indexer runs this in its workers and saves what it gives.
+module of the same structure was (zoo.structure). zoo.indexing.indexer runs this in its workers and saves what it gives.
 """
 
 import contextlib

@@ -277,7 +277,7 @@ def recorded_runs(zoo, name: str) -> list[dict]:
 
 def fastest(zoo, names: list[str], field: str) -> dict[str, float]:
     """Name -> the best samples/s among its runs that a measured field (bench_cpu, ...) compares."""
-    from zoo.measured import MEASURED
+    from zoo.throughput.measured import MEASURED
     from zoo.registry import lite
 
     found = lite.fastest(zoo.url, names, *MEASURED[field])

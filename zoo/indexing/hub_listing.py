@@ -5,18 +5,16 @@ repo's config.json at the listed commit; never a weights file. The endpoint is h
 Each failure is classified, so that the indexer records it with its reason and knows whether a rerun
 should try again: "gated" (no access without a token), "no-config" (the repo has no config.json),
 "transient" (network, server); "config" (a config.json that is unreadable, too large or not an object: an
-InvalidRecipe) and "remote-code" are recorded by zoo.hub_indexer.
+InvalidRecipe) and "remote-code" are recorded by zoo.indexing.hub.
 """
 
-import json
-import os
 from dataclasses import dataclass, field
 from datetime import datetime
 from math import prod
 from pathlib import Path
 
-from zoo.errors import CheckpointError, HubUnavailable, InvalidRecipe
-from zoo.weights.paths import open_regular
+from zoo.errors import CheckpointError, HubUnavailable
+from zoo.families.hf import read_config
 from zoo.weights.reach import hub_unreachable
 
 # What one listing call asks the hub for, per repo: everything a row records, so no per-repo API call is needed.
@@ -89,32 +87,6 @@ def fetch_config(repo: HubRepo) -> dict:
     except OSError as e:  # connection refused or reset, disk
         raise HubUnavailable(f"{repo.repo_id}: config.json: {type(e).__name__}: {_first_line(e)}",
                                 "transient") from None
-
-
-# The largest config.json read: real ones are kilobytes (a 22k-class label map about 1 MB); a 40 MB one grew
-# an index run past 3 GiB.
-MAX_CONFIG_BYTES = 4 << 20
-
-
-def read_config(path: Path) -> dict:
-    """A config.json as a dict; InvalidRecipe if it is larger than MAX_CONFIG_BYTES, not JSON, nested past the
-    parser's recursion, or not a JSON object (the file is untrusted)."""
-    try:
-        with os.fdopen(open_regular(path, "config.json"), "rb") as f:  # a FIFO named config.json must not hang
-            raw = f.read(MAX_CONFIG_BYTES + 1)
-    except (CheckpointError, OSError) as e:
-        raise InvalidRecipe(f"{path}: not a readable config.json ({e})") from None
-    if len(raw) > MAX_CONFIG_BYTES:
-        raise InvalidRecipe(f"{path}: config.json is larger than {MAX_CONFIG_BYTES >> 20} MiB: not a model's config")
-    try:
-        config = json.loads(raw)
-    except ValueError as e:  # not UTF-8, not JSON, an integer past Python's 4300-digit limit
-        raise InvalidRecipe(f"{path}: not a readable config.json ({e})") from None
-    except RecursionError:
-        raise InvalidRecipe(f"{path}: config.json is nested too deeply to be a model's config") from None
-    if not isinstance(config, dict):
-        raise InvalidRecipe(f"{path}: a config.json holds a JSON object")
-    return config
 
 
 def cached_repos(cache_dir=None) -> list[HubRepo]:

@@ -1,10 +1,10 @@
-"""`zoo bench`: measure a model's throughput here (zoo.benchmark) and record it; a search benches every match, with
+"""`zoo bench`: measure a model's throughput here (zoo.throughput.benchmark) and record it; a search benches every match, with
 a progress bar on stderr, and resumes where a stopped run stopped. Also the measurements table `zoo show` prints."""
 
 import json
 import sys
 
-from zoo.cli_index import progress_reporter
+from zoo.cli.index import progress_reporter
 from zoo.columns import NAME_CHARACTERS
 from zoo.render import human, printable, table
 
@@ -43,13 +43,13 @@ def _row(r: dict) -> list[str]:
 
 
 def _number(value) -> str:
-    """None: a stored value that is not a number (zoo.measured.clean_run); 1.7e308 put in by hand: 5 characters,
+    """None: a stored value that is not a number (zoo.throughput.measured.clean_run); 1.7e308 put in by hand: 5 characters,
     not 309."""
     return "-" if value is None else f"{value:.2f}" if abs(value) < 1e15 else f"{value:.3g}"
 
 
 def cmd_bench(zoo, args) -> int:
-    from zoo import benchmark
+    from zoo.throughput import benchmark
 
     if NAME_CHARACTERS.fullmatch(args.target):
         results = [benchmark.run(zoo, args.target, **_options(args))]
@@ -92,8 +92,8 @@ def measurement_rows(runs: list[dict]) -> list[list[str]]:
 def measured_columns(zoo, expression, found, sort: str | None = None) -> tuple[list[str], list[list[str]]]:
     """The search table's extra columns: for each measured field the search or its sort names, each model's best
     samples/s (the published throughput columns show the same way, through render.search_columns)."""
-    from zoo.benchmark import fastest
-    from zoo.measured import MEASURED
+    from zoo.throughput.benchmark import fastest
+    from zoo.throughput.measured import MEASURED
     from zoo.render import named_numbers
 
     fields = [f for f in named_numbers(expression, sort) if f in MEASURED]

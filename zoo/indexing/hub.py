@@ -6,8 +6,8 @@ import json
 
 from zoo.columns import BY_NAME, check_name
 from zoo.errors import InvalidArgument, UntrustedBuilder
-from zoo.indexer import Outcome, save_counted
-from zoo.record import RECORD_VERSION, record_of
+from zoo.indexing.indexer import Outcome, save_counted
+from zoo.indexing.record import RECORD_VERSION, record_of
 from zoo.registry import db
 
 
@@ -57,14 +57,14 @@ def _params_check(record: dict, hub_params: int | None) -> str | None:
 
 
 def index_hub(url: str, repos, origin: str = "hub listing", force: bool = False, progress=None) -> Outcome:
-    """Index hub repos (zoo.weights.hub_listing.HubRepo), each from its config.json only; a row per repo,
+    """Index hub repos (zoo.indexing.hub_listing.HubRepo), each from its config.json only; a row per repo,
     failed ones with their reason. Repos recorded from the same commit with the same libraries are skipped
     before anything is downloaded, so an interrupted run continues where it stopped."""
     from sqlalchemy import select
 
     from zoo.families import hf
     from zoo.registry.tables import Model
-    from zoo.weights.hub_listing import fetch_config
+    from zoo.indexing.hub_listing import fetch_config
 
     db.open_registry(url, write=True, create=True)
     versions = hf.versions()

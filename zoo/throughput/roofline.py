@@ -38,7 +38,7 @@ from pathlib import Path
 from zoo.errors import InvalidArgument
 
 # catalog/hardware.csv, linked into the package so that an installed zoo searches the predicted fields too
-HARDWARE = Path(__file__).resolve().parent / "hardware.csv"
+HARDWARE = Path(__file__).resolve().parent.parent / "hardware.csv"
 MODES = {"infer": 1, "train": 3}  # FLOPs and activation traffic of a step, in forwards
 FIELDS = ("column", "device", "mode", "precision", "element_bytes", "batch", "peak_tflops", "peak_basis",
           "bandwidth_gbs", "bandwidth_basis", "source", "checked")  # checked: what could be confirmed
@@ -171,5 +171,5 @@ def doc(field: str) -> str:
     d = PREDICTED[field]
     what = "training steps" if d.mode == "train" else "inference"
     return (f"PREDICTED, not measured: the roofline upper bound of {what} on {d.device} ({d.precision}) at batch "
-            f"{d.batch}, from flops, bytes and train_activation_bytes (zoo.roofline); measured runs reach a fraction "
+            f"{d.batch}, from flops, bytes and train_activation_bytes (zoo.throughput.roofline); measured runs reach a fraction "
             f"of it (README: Predicted throughput)")

@@ -12,7 +12,7 @@ from zoo.constants import CONSTRUCTOR_TAG
 from zoo.errors import InvalidArgument, InvalidRecipe, ModelExists, ZooError, reason
 from zoo.families import family
 from zoo.recipe import Recipe
-from zoo.record import record_of, record_with_build, source_hash
+from zoo.indexing.record import record_of, record_with_build, source_hash
 from zoo.registry import db, store
 
 

@@ -7,8 +7,8 @@ import re
 import sys
 
 from zoo import render
-from zoo.cli_bench import add_parser as add_bench_parser, measured_columns, measurement_rows
-from zoo.cli_index import add_parser as add_index_parser, progress_reporter
+from zoo.cli.bench import add_parser as add_bench_parser, measured_columns, measurement_rows
+from zoo.cli.index import add_parser as add_index_parser, progress_reporter
 from zoo.render import human, printable, table
 from zoo.errors import AnalysisError, InvalidArgument, ZooError
 
@@ -68,7 +68,7 @@ def cmd_show(zoo, args) -> int:
     info = zoo.info(args.name, tensors=args.tensors)
     if args.tree:
         return _show_tree(zoo, info, args)
-    from zoo.benchmark import recorded_runs
+    from zoo.throughput.benchmark import recorded_runs
 
     runs = recorded_runs(zoo, info.name)  # zoo bench's measurements, with who, when and versions
     if args.json:
@@ -336,6 +336,3 @@ def main(argv=None) -> int:
     except BrokenPipeError:
         return 0
 
-
-if __name__ == "__main__":
-    sys.exit(main())
