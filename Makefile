@@ -5,14 +5,14 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test test-fast test-timm-checks registry bench sweep
+.PHONY: run test lint test-fast test-timm-checks registry bench sweep
 
 # The browser tests (tests/test_web_browser.py) drive Debian's Chromium, and the PostgreSQL tests start
 # Debian's PostgreSQL server (tests/pg.py); CI runs as root and installs both.
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[test,hf,postgres,web]'
+	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[test,lint,hf,postgres,web]'
 	test -x /usr/bin/chromium -a -x /usr/bin/chromedriver || { if [ "$$(id -u)" = 0 ]; then \
 		apt-get update -qq && apt-get install -y -qq chromium chromium-driver; \
 		else echo "not root: install chromium and chromium-driver for the browser tests"; fi; }
@@ -28,8 +28,15 @@ run: $(STAMP)
 	$(BIN)/python -c "import zoo, time; t = time.perf_counter(); m = zoo.get('timm/vit_large_patch16_224'); \
 	print(f'zoo.get: {type(m).__module__}.{type(m).__name__}, {sum(p.numel() for p in m.parameters()):,} params, devices {sorted({str(p.device) for p in m.parameters()})}, {time.perf_counter() - t:.2f} s')"
 
-test: $(STAMP)
+# Lint first: a formatting slip or a type error fails in seconds, not after the suite.
+test: lint
 	$(BIN)/python -m pytest -q
+
+# ruff (lint and format, pyproject.toml) and mypy over zoo/; pre-commit runs the same (.pre-commit-config.yaml).
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy
 
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest -q -m "not slow and not sweep and not timm_checks"

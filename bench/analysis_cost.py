@@ -37,8 +37,8 @@ def index_cost(sample: int, seed: int) -> dict:
     from zoo.analysis import analyze
     from zoo.build import build_meta
     from zoo.families import family
-    from zoo.recipe import Recipe
     from zoo.inspection import inspect_module
+    from zoo.recipe import Recipe
 
     torch.set_num_threads(1)
     names = [("timm", b) for b in random.Random(seed).sample(timm.list_models(), sample)]
@@ -59,8 +59,11 @@ def index_cost(sample: int, seed: int) -> dict:
         rows.append({"name": f"{fam_name}/{builder}", "build_s": built, "analysis_s": extra, "status": result.status})
         del module
     out = {}
-    for label, subset in (("timm", [r for r in rows if r["name"].startswith("timm/")]),
-                          ("torchvision", [r for r in rows if r["name"].startswith("torchvision/")]), ("all", rows)):
+    for label, subset in (
+        ("timm", [r for r in rows if r["name"].startswith("timm/")]),
+        ("torchvision", [r for r in rows if r["name"].startswith("torchvision/")]),
+        ("all", rows),
+    ):
         out[label] = {
             "models": len(subset),
             "median_build_s": statistics.median(r["build_s"] for r in subset),
@@ -135,23 +138,37 @@ def memory(batch: int) -> list[dict]:
         step_s = time.perf_counter() - start
         memtracker = tracker.get_tracker_snapshot("peak")[torch.device("cpu")]["Total"] + x.numel() * x.element_size()
         live = measure_step(build_real(recipe, "cpu"), [x], {}, True, "adamw")["total"]
-        child = subprocess.run([sys.executable, "-c", _RSS_CHILD, fam, builder, str(batch)], capture_output=True,
-                               text=True, cwd=ROOT, env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
+        child = subprocess.run(
+            [sys.executable, "-c", _RSS_CHILD, fam, builder, str(batch)],
+            capture_output=True,
+            text=True,
+            cwd=ROOT,
+            env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"},
+        )
         rss_growth = json.loads(child.stdout.strip().splitlines()[-1])["rss_growth"] if child.returncode == 0 else None
         if rss_growth is None:
             print(f"RSS child for {fam}/{builder} failed: {child.stderr[-500:]}", file=sys.stderr)
         # RSS grows by what the steps allocate: everything but the weights and the batch, built before.
         steps_bytes = got.total - got.weights - got.inputs
         param_bytes = sum(p.numel() * p.element_size() for p in meta.parameters())
-        rows.append({
-            "model": f"{fam}/{builder}", "batch": batch, "estimate": got.as_dict(), "estimate_s": estimate_s,
-            "real_step_s": step_s, "memtracker_peak": memtracker, "livebytes_peak": live,
-            "ratio_estimate_to_memtracker": got.total / memtracker, "ratio_estimate_to_livebytes": got.total / live,
-            "rss_growth": rss_growth, "estimated_step_bytes": steps_bytes,
-            "ratio_estimate_to_rss_growth": steps_bytes / rss_growth if rss_growth else None,
-            "accelerate_style_training": 4 * param_bytes,  # accelerate estimate-memory: Adam training = 4 x size
-            "ratio_accelerate_to_memtracker": 4 * param_bytes / memtracker,
-        })
+        rows.append(
+            {
+                "model": f"{fam}/{builder}",
+                "batch": batch,
+                "estimate": got.as_dict(),
+                "estimate_s": estimate_s,
+                "real_step_s": step_s,
+                "memtracker_peak": memtracker,
+                "livebytes_peak": live,
+                "ratio_estimate_to_memtracker": got.total / memtracker,
+                "ratio_estimate_to_livebytes": got.total / live,
+                "rss_growth": rss_growth,
+                "estimated_step_bytes": steps_bytes,
+                "ratio_estimate_to_rss_growth": steps_bytes / rss_growth if rss_growth else None,
+                "accelerate_style_training": 4 * param_bytes,  # accelerate estimate-memory: Adam training = 4 x size
+                "ratio_accelerate_to_memtracker": 4 * param_bytes / memtracker,
+            }
+        )
     return rows
 
 
@@ -171,21 +188,27 @@ def main() -> None:
         return
     mib = 2**20
     print(f"zoo.estimate (meta) vs a real training step on CPU: fp32, AdamW, batch {args.batch}")
-    print(f"{'model':34s} {'estimate':>10s} {'MemTracker':>10s} {'ratio':>6s} {'LiveBytes':>10s} {'ratio':>6s} "
-          f"{'RSS growth':>10s} {'est.':>8s} {'ratio':>6s} {'accelerate':>10s} {'ratio':>6s}")
+    print(
+        f"{'model':34s} {'estimate':>10s} {'MemTracker':>10s} {'ratio':>6s} {'LiveBytes':>10s} {'ratio':>6s} "
+        f"{'RSS growth':>10s} {'est.':>8s} {'ratio':>6s} {'accelerate':>10s} {'ratio':>6s}"
+    )
     for r in result["memory"]:
         rss = f"{r['rss_growth'] / mib:8.1f}Mi" if r["rss_growth"] else "-"
         rss_ratio = f"{r['ratio_estimate_to_rss_growth']:6.2f}" if r["rss_growth"] else "-"
-        print(f"{r['model']:34s} {r['estimate']['total'] / mib:8.1f}Mi {r['memtracker_peak'] / mib:8.1f}Mi "
-              f"{r['ratio_estimate_to_memtracker']:6.3f} {r['livebytes_peak'] / mib:8.1f}Mi "
-              f"{r['ratio_estimate_to_livebytes']:6.3f} {rss:>10s} {r['estimated_step_bytes'] / mib:6.1f}Mi "
-              f"{rss_ratio:>6s} {r['accelerate_style_training'] / mib:8.1f}Mi {r['ratio_accelerate_to_memtracker']:6.3f}")
+        print(
+            f"{r['model']:34s} {r['estimate']['total'] / mib:8.1f}Mi {r['memtracker_peak'] / mib:8.1f}Mi "
+            f"{r['ratio_estimate_to_memtracker']:6.3f} {r['livebytes_peak'] / mib:8.1f}Mi "
+            f"{r['ratio_estimate_to_livebytes']:6.3f} {rss:>10s} {r['estimated_step_bytes'] / mib:6.1f}Mi "
+            f"{rss_ratio:>6s} {r['accelerate_style_training'] / mib:8.1f}Mi {r['ratio_accelerate_to_memtracker']:6.3f}"
+        )
     if "index" in result:
         print("\nextra index time per model from the analysis (single thread)")
         for label in ("timm", "torchvision", "all"):
             s = result["index"][label]
-            print(f"  {label:12s} {s['models']:4d} models: median build {s['median_build_s']:.3f} s, median analysis "
-                  f"{s['median_analysis_s']:.3f} s (p90 {s['p90_analysis_s']:.3f} s), {s['analysed_ok']} analysed ok")
+            print(
+                f"  {label:12s} {s['models']:4d} models: median build {s['median_build_s']:.3f} s, median analysis "
+                f"{s['median_analysis_s']:.3f} s (p90 {s['p90_analysis_s']:.3f} s), {s['analysed_ok']} analysed ok"
+            )
         print("  slowest: " + ", ".join(f"{r['name']} {r['analysis_s']:.1f} s" for r in result["index"]["slowest"]))
 
 

@@ -37,9 +37,26 @@ def load_timm_benchmark(path: str):
 
 
 def timm_run(bench, model: str, batch: int, steps: int, warmup: int) -> dict:
-    args = bench.parser.parse_args(["--model", model, "--bench", "inference", "--device", "cpu", "-b", str(batch),
-                                    "--use-train-size", "--num-warm-iter", str(warmup),
-                                    "--num-bench-iter", str(steps), "--precision", "float32", "--no-retry"])
+    args = bench.parser.parse_args(
+        [
+            "--model",
+            model,
+            "--bench",
+            "inference",
+            "--device",
+            "cpu",
+            "-b",
+            str(batch),
+            "--use-train-size",
+            "--num-warm-iter",
+            str(warmup),
+            "--num-bench-iter",
+            str(steps),
+            "--precision",
+            "float32",
+            "--no-retry",
+        ]
+    )
     result = bench.benchmark(args)
     if "error" in result:
         sys.exit(f"timm's benchmark.py failed on {model}: {result['error']}")
@@ -48,8 +65,11 @@ def timm_run(bench, model: str, batch: int, steps: int, warmup: int) -> dict:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--timm-benchmark", default=os.environ.get("TIMM_BENCHMARK"),
-                   help="timm's benchmark.py, outside this repository (default: $TIMM_BENCHMARK)")
+    p.add_argument(
+        "--timm-benchmark",
+        default=os.environ.get("TIMM_BENCHMARK"),
+        help="timm's benchmark.py, outside this repository (default: $TIMM_BENCHMARK)",
+    )
     p.add_argument("--models", nargs="+", default=["resnet18", "vit_tiny_patch16_224"])
     p.add_argument("--batch", type=int, default=8)
     p.add_argument("--steps", type=int, default=20)
@@ -66,23 +86,29 @@ def main() -> None:
         args.registry = os.path.join(scratch, "registry.db")
         shutil.copy(ROOT / "registry.db", args.registry)
     registry = zoo.connect(args.registry)
-    print(f"CPU threads {torch.get_num_threads()}, batch {args.batch}, fp32 inference, {args.steps} timed steps "
-          f"after {args.warmup}, {args.rounds} rounds (median); torch {torch.__version__}")
+    print(
+        f"CPU threads {torch.get_num_threads()}, batch {args.batch}, fp32 inference, {args.steps} timed steps "
+        f"after {args.warmup}, {args.rounds} rounds (median); torch {torch.__version__}"
+    )
     try:
         for model in args.models:
             timm_speeds, zoo_speeds = [], []
             for _ in range(args.rounds):
                 t = timm_run(bench, model, args.batch, args.steps, args.warmup)
                 timm_speeds.append(t["infer_samples_per_sec"])
-                z = zoo.bench(f"timm/{model}", registry=registry, batch=args.batch, steps=args.steps,
-                              warmup=args.warmup)
+                z = zoo.bench(
+                    f"timm/{model}", registry=registry, batch=args.batch, steps=args.steps, warmup=args.warmup
+                )
                 zoo_speeds.append(z["samples_per_s"])
             size = z["inputs"][0]["shape"][-1]
             if size != t["infer_img_size"]:
                 sys.exit(f"{model}: zoo ran at {size} px, timm at {t['infer_img_size']} px")
             tm, zm = statistics.median(timm_speeds), statistics.median(zoo_speeds)
-            print(f"{model:24s} {size} px  timm {tm:8.2f} samples/s  zoo {zm:8.2f} samples/s  zoo/timm {zm / tm:.3f}"
-                  f"  (timm {', '.join(f'{v:.1f}' for v in timm_speeds)}; zoo {', '.join(f'{v:.1f}' for v in zoo_speeds)})")
+            print(
+                f"{model:24s} {size} px  timm {tm:8.2f} samples/s  zoo {zm:8.2f} samples/s  zoo/timm {zm / tm:.3f}"
+                f"  (timm {', '.join(f'{v:.1f}' for v in timm_speeds)};"
+                f" zoo {', '.join(f'{v:.1f}' for v in zoo_speeds)})"
+            )
         found = [r["name"] for r in registry.search("bench_cpu>0", fields=("name",))]
         print(f"recorded and searchable (zoo search 'bench_cpu>0'): {', '.join(found)}")
     finally:

@@ -50,8 +50,11 @@ def fmt_ms(s: float) -> str:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--registry", default=os.environ.get("ZOO_REGISTRY", "").strip() or str(SHIPPED),
-                    help="registry path or SQLAlchemy URL (default: $ZOO_REGISTRY or the shipped registry.db)")
+    ap.add_argument(
+        "--registry",
+        default=os.environ.get("ZOO_REGISTRY", "").strip() or str(SHIPPED),
+        help="registry path or SQLAlchemy URL (default: $ZOO_REGISTRY or the shipped registry.db)",
+    )
     ap.add_argument("-n", "--repeats", type=int, default=15, help="warm repeats of each (default 15)")
     ap.add_argument("--models", default=",".join(MODELS), help="comma-separated timm model names")
     ap.add_argument("--json", action="store_true", help="print the numbers as JSON")
@@ -64,10 +67,10 @@ def main() -> int:
     import torch
 
     import zoo
-    import zoo.build  # noqa: F401
-    import zoo.inspection  # noqa: F401
-    import zoo.meta  # noqa: F401
-    import zoo.model_cache  # noqa: F401
+    import zoo.build
+    import zoo.inspection
+    import zoo.meta
+    import zoo.model_cache
 
     z = zoo.connect(args.registry)
 
@@ -78,6 +81,7 @@ def main() -> int:
         def build():
             with torch.device("meta"):
                 return timm.create_model(name)
+
         return build
 
     open_s, _ = timed(lambda: z.info(f"timm/{models[0]}"))  # opens the registry: a once-per-process cost
@@ -102,9 +106,9 @@ def main() -> int:
         zs, ps = [], []
         for k in range(args.repeats):
             pair = ((zs, zoo_get(name)), (ps, plain(name)))
-            for acc, fn in (pair if k % 2 == 0 else pair[::-1]):
+            for acc, fn in pair if k % 2 == 0 else pair[::-1]:
                 s, m = timed(fn)
-                m = None  # noqa: F841  (freed before the next gc.collect)
+                m = None  # noqa: F841 - freed before the next gc.collect
                 acc.append(s)
         r["zoo_warm_s"], r["plain_warm_s"] = statistics.median(zs), statistics.median(ps)
         r["zoo_warm_min_s"], r["plain_warm_min_s"] = min(zs), min(ps)
@@ -121,35 +125,65 @@ def main() -> int:
         "median_ratio_warm": statistics.median(r["ratio_warm"] for r in results),
         "median_ratio_cold": statistics.median(r["ratio_cold"] for r in results),
         "target_ratio_warm": TARGET_WARM,
-        "torch": torch.__version__, "timm": timm.__version__,
+        "torch": torch.__version__,
+        "timm": timm.__version__,
     }
     summary["meets_target"] = summary["median_ratio_warm"] >= TARGET_WARM
     if args.json:
         print(json.dumps({"models": results, "summary": summary}, indent=1))
         return 0
 
-    header = ["model", "zoo warm ms", "plain warm ms", "warm x", "zoo cold ms", "plain cold ms", "cold x",
-              "first", "same class+params"]
-    rows = [header] + [[
-        r["model"], fmt_ms(r["zoo_warm_s"]), fmt_ms(r["plain_warm_s"]), f"{r['ratio_warm']:.1f}x",
-        fmt_ms(r["zoo_cold_s"]), fmt_ms(r["plain_cold_s"]), f"{r['ratio_cold']:.2f}x", r["cold_first"],
-        "yes" if r["same_class"] and r["params_zoo"] == r["params_plain"] else
-        f"NO ({r['params_zoo']:,} vs {r['params_plain']:,})",
-    ] for r in results]
+    header = [
+        "model",
+        "zoo warm ms",
+        "plain warm ms",
+        "warm x",
+        "zoo cold ms",
+        "plain cold ms",
+        "cold x",
+        "first",
+        "same class+params",
+    ]
+    rows = [header] + [
+        [
+            r["model"],
+            fmt_ms(r["zoo_warm_s"]),
+            fmt_ms(r["plain_warm_s"]),
+            f"{r['ratio_warm']:.1f}x",
+            fmt_ms(r["zoo_cold_s"]),
+            fmt_ms(r["plain_cold_s"]),
+            f"{r['ratio_cold']:.2f}x",
+            r["cold_first"],
+            "yes"
+            if r["same_class"] and r["params_zoo"] == r["params_plain"]
+            else f"NO ({r['params_zoo']:,} vs {r['params_plain']:,})",
+        ]
+        for r in results
+    ]
     widths = [max(len(row[c]) for row in rows) for c in range(len(header))]
-    print(f"zoo.get vs timm.create_model on meta  (registry {z.url}; torch {torch.__version__}, timm {timm.__version__})")
+    print(
+        f"zoo.get vs timm.create_model on meta  (registry {z.url}; torch {torch.__version__}, timm {timm.__version__})"
+    )
     print(f"warm = median of {args.repeats} interleaved repeats after 1 warm-up; cold = first call in this process")
     for n, row in enumerate(rows):
-        print("  ".join(c.ljust(w) if j in (0, 7, 8) else c.rjust(w) for j, (c, w) in enumerate(zip(row, widths))).rstrip())
+        print(
+            "  ".join(
+                c.ljust(w) if j in (0, 7, 8) else c.rjust(w) for j, (c, w) in enumerate(zip(row, widths))
+            ).rstrip()
+        )
         if n == 0:
             print("  ".join("-" * w for w in widths))
     print(f"registry open (first zoo call in the process, before the table): {fmt_ms(open_s)} ms")
     if not all(r["all_meta_zoo"] for r in results):
         print("WARNING: a zoo.get module had a tensor off the meta device")
-    print(f"median ratio plain/zoo over models: warm {summary['median_ratio_warm']:.1f}x, "
-          f"cold {summary['median_ratio_cold']:.2f}x")
-    print(f"target: warm median ratio >= {TARGET_WARM:.0f}x -> "
-          f"{'met' if summary['meets_target'] else 'NOT met'} ({summary['median_ratio_warm']:.1f}x)")
+    print(
+        f"median ratio plain/zoo over models: warm {summary['median_ratio_warm']:.1f}x, "
+        f"cold {summary['median_ratio_cold']:.2f}x"
+    )
+    print(
+        f"target: warm median ratio >= {TARGET_WARM:.0f}x -> "
+        f"{'met' if summary['meets_target'] else 'NOT met'} ({summary['median_ratio_warm']:.1f}x)"
+    )
     return 0
 
 

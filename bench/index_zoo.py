@@ -59,8 +59,18 @@ def zoo_command() -> list[str]:
 def index_family(registry: Path, family: str, jobs: int, log) -> dict:
     """family: a family name, or NAME+pretrained for its pretrained variants (after its architectures)."""
     name, _, pretrained = family.partition("+")
-    cmd = [*zoo_command(), "--registry", str(registry), "index", name, "-j", str(jobs), "-q", "--json",
-           *(["--pretrained"] if pretrained else [])]
+    cmd = [
+        *zoo_command(),
+        "--registry",
+        str(registry),
+        "index",
+        name,
+        "-j",
+        str(jobs),
+        "-q",
+        "--json",
+        *(["--pretrained"] if pretrained else []),
+    ]
     log(f"  $ {' '.join(cmd)}")
     env = {**os.environ, "PYTHONWARNINGS": "ignore"}
     env.pop("ZOO_REGISTRY", None)
@@ -77,22 +87,34 @@ def index_family(registry: Path, family: str, jobs: int, log) -> dict:
     stages = {k: sorted(t.get(k, 0.0) for t in timings.values()) for k in ("build_s", "analysis_s", "save_s")}
     parts = {}  # architectures and variants apart (`zoo index installed` does both in one run)
     for name, t in timings.items():
-        part = parts.setdefault("variants" if "." in name.partition("/")[2] else "architectures",
-                                {"models": 0, "build_reused": 0, "analysis_reused": 0, "build_s": 0.0, "analysis_s": 0.0,
-                                 "save_s": 0.0})
+        part = parts.setdefault(
+            "variants" if "." in name.partition("/")[2] else "architectures",
+            {"models": 0, "build_reused": 0, "analysis_reused": 0, "build_s": 0.0, "analysis_s": 0.0, "save_s": 0.0},
+        )
         part["models"] += 1
         part["build_reused"] += bool(t.get("build_reused"))
         part["analysis_reused"] += bool(t.get("analysis_reused"))
         for k in ("build_s", "analysis_s", "save_s"):
             part[k] += t.get(k, 0.0)
-    return {"stage_sum_s": {k: sum(v) for k, v in stages.items()}, "parts": parts,
-            "stage_median_s": {k: v[len(v) // 2] if v else 0.0 for k, v in stages.items()},
-            "slowest": sorted(((sum(v for k, v in t.items() if k.endswith("_s")), name) for name, t in timings.items()),
-                              reverse=True)[:5],
-            "analysis_reused": sum(bool(t.get("analysis_reused")) for t in timings.values()),
-            "family": family, "wall_s": wall, "cpu_s": cpu, "rc": proc.returncode, "models": n, "indexed": out["indexed"],
-            "unchanged": out["unchanged"], "failed": len(out["failed"]), "failed_names": sorted(out["failed"]),
-            "models_per_s": n / wall if wall else 0.0}
+    return {
+        "stage_sum_s": {k: sum(v) for k, v in stages.items()},
+        "parts": parts,
+        "stage_median_s": {k: v[len(v) // 2] if v else 0.0 for k, v in stages.items()},
+        "slowest": sorted(
+            ((sum(v for k, v in t.items() if k.endswith("_s")), name) for name, t in timings.items()), reverse=True
+        )[:5],
+        "analysis_reused": sum(bool(t.get("analysis_reused")) for t in timings.values()),
+        "family": family,
+        "wall_s": wall,
+        "cpu_s": cpu,
+        "rc": proc.returncode,
+        "models": n,
+        "indexed": out["indexed"],
+        "unchanged": out["unchanged"],
+        "failed": len(out["failed"]),
+        "failed_names": sorted(out["failed"]),
+        "models_per_s": n / wall if wall else 0.0,
+    }
 
 
 def _children_cpu_s() -> float:
@@ -130,7 +152,7 @@ def plain_sample(k: int, seed: int, max_gb: float, log) -> dict:
         except Exception as e:
             failed.append({"model": name, "error": f"{type(e).__name__}: {e}"[:200]})
             continue
-        m = None  # noqa: F841
+        m = None  # noqa: F841 - frees the model before the next build
         built.append({"model": name, "params": params, "s": s})
         log(f"  [{i + 1}/{len(sample)}] {name}: {s:.2f} s ({params / 1e6:.1f}M params)")
     rate = statistics.median(b["s"] / b["params"] for b in built if b["params"]) if built else 0.0
@@ -138,10 +160,20 @@ def plain_sample(k: int, seed: int, max_gb: float, log) -> dict:
         sk["s_estimated"] = sk["params"] * rate
     times = [b["s"] for b in built] + [sk["s_estimated"] for sk in skipped]
     mean = statistics.fmean(times) if times else 0.0
-    return {"timm_models": len(names), "sample": len(sample), "seed": seed, "built": built, "skipped": skipped,
-            "failed": failed, "mean_s": mean, "mean_built_only_s": statistics.fmean(b["s"] for b in built) if built else 0.0,
-            "median_s": statistics.median(times) if times else 0.0, "extrapolated_s": mean * len(names),
-            "measured_s": sum(b["s"] for b in built), "torch_threads": torch.get_num_threads()}
+    return {
+        "timm_models": len(names),
+        "sample": len(sample),
+        "seed": seed,
+        "built": built,
+        "skipped": skipped,
+        "failed": failed,
+        "mean_s": mean,
+        "mean_built_only_s": statistics.fmean(b["s"] for b in built) if built else 0.0,
+        "median_s": statistics.median(times) if times else 0.0,
+        "extrapolated_s": mean * len(names),
+        "measured_s": sum(b["s"] for b in built),
+        "torch_threads": torch.get_num_threads(),
+    }
 
 
 def main() -> int:
@@ -149,15 +181,26 @@ def main() -> int:
     ap.add_argument("--jobs", "-j", type=int, default=2, help="zoo index worker processes (default 2)")
     ap.add_argument("--sample", type=int, default=40, help="timm models to build eagerly (default 40; 0: skip)")
     ap.add_argument("--seed", type=int, default=0, help="sample seed (default 0)")
-    ap.add_argument("--families", default="installed",
-                    help="families to index in order, one `zoo index` each; NAME+pretrained: its pretrained variants; "
-                         "installed: the whole zoo, architectures and variants of timm and torchvision in one run "
-                         "(the default; timm,torchvision,timm+pretrained,torchvision+pretrained is the same zoo in "
-                         "four runs)")
-    ap.add_argument("--max-gb", type=float, default=None,
-                    help="largest fp32 model to build eagerly, GB (default: a quarter of available memory)")
-    ap.add_argument("--repeat", type=int, default=1,
-                    help="index the zoo this many times, each into a fresh registry; the median run is reported")
+    ap.add_argument(
+        "--families",
+        default="installed",
+        help="families to index in order, one `zoo index` each; NAME+pretrained: its pretrained variants; "
+        "installed: the whole zoo, architectures and variants of timm and torchvision in one run "
+        "(the default; timm,torchvision,timm+pretrained,torchvision+pretrained is the same zoo in "
+        "four runs)",
+    )
+    ap.add_argument(
+        "--max-gb",
+        type=float,
+        default=None,
+        help="largest fp32 model to build eagerly, GB (default: a quarter of available memory)",
+    )
+    ap.add_argument(
+        "--repeat",
+        type=int,
+        default=1,
+        help="index the zoo this many times, each into a fresh registry; the median run is reported",
+    )
     ap.add_argument("--keep", action="store_true", help="keep the temp registry")
     ap.add_argument("--json", action="store_true", help="print the numbers as JSON")
     args = ap.parse_args()
@@ -204,10 +247,28 @@ def main() -> int:
     print(f"\nzoo index, fresh registry, -j {args.jobs} ({os.cpu_count()} CPUs)")
     rows = [["family", "models", "indexed", "failed", "analysis reused", "wall s", "models/s"]]
     for r in result["zoo"]:
-        rows.append([r["family"], str(r["models"]), str(r["indexed"]), str(r["failed"]), str(r["analysis_reused"]),
-                     f"{r['wall_s']:.1f}", f"{r['models_per_s']:.1f}"])
-    rows.append(["whole zoo", str(result["zoo_total_models"]), "", "", "", f"{result['zoo_total_s']:.1f}",
-                 f"{result['zoo_total_models'] / result['zoo_total_s']:.1f}"])
+        rows.append(
+            [
+                r["family"],
+                str(r["models"]),
+                str(r["indexed"]),
+                str(r["failed"]),
+                str(r["analysis_reused"]),
+                f"{r['wall_s']:.1f}",
+                f"{r['models_per_s']:.1f}",
+            ]
+        )
+    rows.append(
+        [
+            "whole zoo",
+            str(result["zoo_total_models"]),
+            "",
+            "",
+            "",
+            f"{result['zoo_total_s']:.1f}",
+            f"{result['zoo_total_models'] / result['zoo_total_s']:.1f}",
+        ]
+    )
     widths = [max(len(r[c]) for r in rows) for c in range(len(rows[0]))]
     for i, r in enumerate(rows):
         print("  ".join(c.ljust(w) if j == 0 else c.rjust(w) for j, (c, w) in enumerate(zip(r, widths))))
@@ -218,37 +279,56 @@ def main() -> int:
             print(f"  {r['family']} failed: {', '.join(r['failed_names'][:10])}{' ...' if r['failed'] > 10 else ''}")
     for r in result["zoo"]:
         for part, t in sorted(r["parts"].items()):
-            print(f"  {r['family']} {part}: {t['models']} models, build reused {t['build_reused']}, analysis reused "
-                  f"{t['analysis_reused']}; summed over "
-                  f"workers: build {t['build_s']:.0f} s, analysis {t['analysis_s']:.0f} s, save {t['save_s']:.0f} s")
+            print(
+                f"  {r['family']} {part}: {t['models']} models, build reused {t['build_reused']}, analysis reused "
+                f"{t['analysis_reused']}; summed over "
+                f"workers: build {t['build_s']:.0f} s, analysis {t['analysis_s']:.0f} s, save {t['save_s']:.0f} s"
+            )
         st, med = r["stage_sum_s"], r["stage_median_s"]
-        print(f"  {r['family']} per model (summed over workers): " + ", ".join(
-            f"{k[:-2]} {st[k]:.0f} s (median {med[k] * 1e3:.0f} ms)" for k in st)
-              + "; slowest: " + ", ".join(f"{n} {s:.1f} s" for s, n in r["slowest"][:3]))
+        print(
+            f"  {r['family']} per model (summed over workers): "
+            + ", ".join(f"{k[:-2]} {st[k]:.0f} s (median {med[k] * 1e3:.0f} ms)" for k in st)
+            + "; slowest: "
+            + ", ".join(f"{n} {s:.1f} s" for s, n in r["slowest"][:3])
+        )
     print(f"registry size: {result['registry_bytes'] / 2**20:.1f} MiB")
-    print("runs: " + ", ".join(f"{w:.1f} s wall, {c:.0f} CPU s" for w, c in zip(result["zoo_runs_s"],
-                                                                               result["zoo_runs_cpu_s"]))
-          + (" (the median one above)" if len(result["zoo_runs_s"]) > 1 else ""))
+    print(
+        "runs: "
+        + ", ".join(f"{w:.1f} s wall, {c:.0f} CPU s" for w, c in zip(result["zoo_runs_s"], result["zoo_runs_cpu_s"]))
+        + (" (the median one above)" if len(result["zoo_runs_s"]) > 1 else "")
+    )
     if "plain" in result:
         p = result["plain"]
-        print(f"\nplain: serial eager timm.create_model (init, CPU, {p['torch_threads']} torch threads), "
-              f"{p['sample']} models sampled with seed {p['seed']}")
-        print(f"  built {len(p['built'])} in {p['measured_s']:.1f} s; mean {p['mean_s']:.2f} s/model "
-              f"(built only {p['mean_built_only_s']:.2f}), median {p['median_s']:.2f} s")
+        print(
+            f"\nplain: serial eager timm.create_model (init, CPU, {p['torch_threads']} torch threads), "
+            f"{p['sample']} models sampled with seed {p['seed']}"
+        )
+        print(
+            f"  built {len(p['built'])} in {p['measured_s']:.1f} s; mean {p['mean_s']:.2f} s/model "
+            f"(built only {p['mean_built_only_s']:.2f}), median {p['median_s']:.2f} s"
+        )
         if p["skipped"]:
-            print(f"  {len(p['skipped'])} over --max-gb {max_gb:.1f}, time estimated from params: "
-                  + ", ".join(f"{s['model']} ~{s['s_estimated']:.1f} s" for s in p["skipped"]))
+            print(
+                f"  {len(p['skipped'])} over --max-gb {max_gb:.1f}, time estimated from params: "
+                + ", ".join(f"{s['model']} ~{s['s_estimated']:.1f} s" for s in p["skipped"])
+            )
         if p["failed"]:
             print(f"  {len(p['failed'])} failed to build: " + ", ".join(f["model"] for f in p["failed"]))
         slow = sorted(p["built"], key=lambda b: -b["s"])[:3]
         print("  slowest: " + ", ".join(f"{b['model']} {b['s']:.1f} s" for b in slow))
-        print(f"  extrapolated to all {p['timm_models']} timm models: {p['extrapolated_s']:.0f} s "
-              f"({p['extrapolated_s'] / 60:.1f} min)")
+        print(
+            f"  extrapolated to all {p['timm_models']} timm models: {p['extrapolated_s']:.0f} s "
+            f"({p['extrapolated_s'] / 60:.1f} min)"
+        )
         if zt:
-            print(f"ratio plain/zoo ({zt['family']}): {result['ratio_plain_over_zoo_timm']:.1f}x "
-                  f"({p['extrapolated_s']:.0f} s extrapolated vs {zt['wall_s']:.1f} s)")
-    print(f"target: whole zoo under {TARGET_S:.0f} s with -j {args.jobs} -> "
-          f"{'met' if result['meets_target'] else 'NOT met'} ({result['zoo_total_s']:.1f} s)")
+            print(
+                f"ratio plain/zoo ({zt['family']}): {result['ratio_plain_over_zoo_timm']:.1f}x "
+                f"({p['extrapolated_s']:.0f} s extrapolated vs {zt['wall_s']:.1f} s)"
+            )
+    print(
+        f"target: whole zoo under {TARGET_S:.0f} s with -j {args.jobs} -> "
+        f"{'met' if result['meets_target'] else 'NOT met'} ({result['zoo_total_s']:.1f} s)"
+    )
     return 0
 
 

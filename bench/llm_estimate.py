@@ -52,8 +52,14 @@ print(json.dumps({"import_s": t1 - t0, "call_s": t2 - t1, "peak_rss_bytes": hwm 
 
 
 def _child(url: str, call: str) -> dict:
-    out = subprocess.run([sys.executable, "-c", _CHILD, url, NAME, call], capture_output=True, text=True, check=True,
-                         cwd=ROOT, env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1"})
+    out = subprocess.run(
+        [sys.executable, "-c", _CHILD, url, NAME, call],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=ROOT,
+        env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1"},
+    )
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
@@ -88,10 +94,16 @@ def index_catalog(url: str) -> dict:
         total = time.perf_counter() - start
     rows = registry.search("family=hf", fields=("name", "scan_status", "scan_error"))
     seconds = sorted(times.values())
-    return {"models": len(files), "total_s": total, "median_s": statistics.median(seconds),
-            "p90_s": seconds[int(0.9 * (len(seconds) - 1))], "slowest": sorted(times.items(), key=lambda kv: -kv[1])[:5],
-            "failed": outcome.failed, "scan_status": {r["name"]: r["scan_status"] for r in rows},
-            "scan_errors": {r["name"]: r["scan_error"] for r in rows if r["scan_status"] != "ok"}}
+    return {
+        "models": len(files),
+        "total_s": total,
+        "median_s": statistics.median(seconds),
+        "p90_s": seconds[int(0.9 * (len(seconds) - 1))],
+        "slowest": sorted(times.items(), key=lambda kv: -kv[1])[:5],
+        "failed": outcome.failed,
+        "scan_status": {r["name"]: r["scan_status"] for r in rows},
+        "scan_errors": {r["name"]: r["scan_error"] for r in rows if r["scan_status"] != "ok"},
+    }
 
 
 def main() -> None:
@@ -113,20 +125,28 @@ def main() -> None:
         return
     gib = 2**30
     print(f"zoo.estimate({NAME}, batch=8, seq_len=8192, bf16, kv fp8), fresh process:")
-    print(f"  zoo.get on meta alone (another fresh process): {est['get_s']:.2f} s (target 1 s), "
-          f"peak RSS {est['get_peak_rss_bytes'] / gib:.2f} GiB")
-    print(f"  imports {est['import_s']:.2f} s; estimate call {est['estimate_s']:.2f} s (target < 5 s); "
-          f"peak RSS {est['peak_rss_bytes'] / gib:.2f} GiB (target < 1 GB), "
-          f"{(est['peak_rss_bytes'] - est['import_rss_bytes']) / gib:.2f} GiB above the imports' "
-          f"{est['import_rss_bytes'] / gib:.2f} GiB (torch alone maps about 0.7 GiB here)")
-    print(f"  weights {est['weights'] / gib:.1f} GiB (plain params x 2: {est['plain_weight_bytes'] / gib:.1f}); "
-          f"KV cache {est['kv_cache'] / gib:.2f} GiB (plain formula: {est['plain_kv_bytes'] / gib:.2f}); "
-          f"activations {est['activations'] / gib:.2f} GiB; peak {est['total'] / gib:.1f} GiB")
+    print(
+        f"  zoo.get on meta alone (another fresh process): {est['get_s']:.2f} s (target 1 s), "
+        f"peak RSS {est['get_peak_rss_bytes'] / gib:.2f} GiB"
+    )
+    print(
+        f"  imports {est['import_s']:.2f} s; estimate call {est['estimate_s']:.2f} s (target < 5 s); "
+        f"peak RSS {est['peak_rss_bytes'] / gib:.2f} GiB (target < 1 GB), "
+        f"{(est['peak_rss_bytes'] - est['import_rss_bytes']) / gib:.2f} GiB above the imports' "
+        f"{est['import_rss_bytes'] / gib:.2f} GiB (torch alone maps about 0.7 GiB here)"
+    )
+    print(
+        f"  weights {est['weights'] / gib:.1f} GiB (plain params x 2: {est['plain_weight_bytes'] / gib:.1f}); "
+        f"KV cache {est['kv_cache'] / gib:.2f} GiB (plain formula: {est['plain_kv_bytes'] / gib:.2f}); "
+        f"activations {est['activations'] / gib:.2f} GiB; peak {est['total'] / gib:.1f} GiB"
+    )
     if catalog:
         ok = sum(s == "ok" for s in catalog["scan_status"].values())
-        print(f"index catalog/hf with analysis: {catalog['models']} models in {catalog['total_s']:.1f} s; "
-              f"per model median {catalog['median_s']:.2f} s, p90 {catalog['p90_s']:.2f} s; "
-              f"analysis ok {ok}/{len(catalog['scan_status'])}; failed builds {len(catalog['failed'])}")
+        print(
+            f"index catalog/hf with analysis: {catalog['models']} models in {catalog['total_s']:.1f} s; "
+            f"per model median {catalog['median_s']:.2f} s, p90 {catalog['p90_s']:.2f} s; "
+            f"analysis ok {ok}/{len(catalog['scan_status'])}; failed builds {len(catalog['failed'])}"
+        )
         print("  slowest: " + ", ".join(f"{n} {s:.1f} s" for n, s in catalog["slowest"]))
         for name, error in catalog["scan_errors"].items():
             print(f"  {name}: {error}")

@@ -18,7 +18,6 @@ import os
 import statistics
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -40,7 +39,9 @@ def advise(t, advice):
 with SafetensorsSource([path]) as source:
     specs = list(source.specs.items())
     if strategy == "touched floor":
-        buf = torch.ones(sum(math.prod(s.shape) * getattr(torch, s.dtype).itemsize for _, s in specs), dtype=torch.uint8)
+        buf = torch.ones(
+            sum(math.prod(s.shape) * getattr(torch, s.dtype).itemsize for _, s in specs), dtype=torch.uint8
+        )
         t = time.perf_counter()
         fd, start, _ = source.byte_range(specs[0][0])
         from zoo.weights.sources import read_exact
@@ -52,7 +53,9 @@ with SafetensorsSource([path]) as source:
         sizes = [math.prod(s.shape) * getattr(torch, s.dtype).itemsize for _, s in specs]
         arena = torch.frombuffer(mmap.mmap(-1, sum(sizes)), dtype=torch.uint8)
         offsets = [sum(sizes[:i]) for i in range(len(sizes))]
-        dests = [arena[o:o + n].view(getattr(torch, s.dtype)).view(s.shape) for o, n, (_, s) in zip(offsets, sizes, specs)]
+        dests = [
+            arena[o:o + n].view(getattr(torch, s.dtype)).view(s.shape) for o, n, (_, s) in zip(offsets, sizes, specs)
+        ]
     else:
         dests = [torch.empty(s.shape, dtype=getattr(torch, s.dtype)) for _, s in specs]
     def read(job):
@@ -94,9 +97,14 @@ def main() -> None:
         nbytes = make_file()
         times = {s: [] for s in STRATEGIES}
         for r in range(args.rounds):
-            for strategy in (STRATEGIES if r % 2 == 0 else STRATEGIES[::-1]):
-                out = subprocess.run([sys.executable, "-c", CHILD, strategy, str(FILE)], capture_output=True,
-                                     text=True, cwd=ROOT, check=True)
+            for strategy in STRATEGIES if r % 2 == 0 else STRATEGIES[::-1]:
+                out = subprocess.run(
+                    [sys.executable, "-c", CHILD, strategy, str(FILE)],
+                    capture_output=True,
+                    text=True,
+                    cwd=ROOT,
+                    check=True,
+                )
                 times[strategy].append(float(out.stdout.strip().splitlines()[-1]))
     finally:
         if not args.keep:
@@ -108,8 +116,10 @@ def main() -> None:
     best = min(v for s, v in medians.items() if s != "touched floor")
     print(f"vit_large_patch16_224 ({nbytes / 1e9:.2f} GB), median of {args.rounds} fresh processes")
     for s in STRATEGIES:
-        print(f"  {s:<14} {medians[s]:6.3f} s  {nbytes / medians[s] / 1e9:5.2f} GB/s  "
-              f"{'floor' if s == 'touched floor' else f'{medians[s] / best:.2f}x the fastest'}")
+        print(
+            f"  {s:<14} {medians[s]:6.3f} s  {nbytes / medians[s] / 1e9:5.2f} GB/s  "
+            f"{'floor' if s == 'touched floor' else f'{medians[s] / best:.2f}x the fastest'}"
+        )
     print(f"  the fastest load is at {100 * medians['touched floor'] / best:.0f}% of the touched floor")
 
 

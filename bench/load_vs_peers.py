@@ -37,8 +37,16 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 WORK = Path(os.environ.get("ZOO_BENCH_DIR", "/tmp/zoo_bench")) / "peers"
-LLAMA = dict(hidden_size=2048, intermediate_size=5632, num_hidden_layers=22, num_attention_heads=32,
-             num_key_value_heads=4, vocab_size=32000, max_position_embeddings=2048, tie_word_embeddings=False)
+LLAMA = dict(
+    hidden_size=2048,
+    intermediate_size=5632,
+    num_hidden_layers=22,
+    num_attention_heads=32,
+    num_key_value_heads=4,
+    vocab_size=32000,
+    max_position_embeddings=2048,
+    tie_word_embeddings=False,
+)
 VIT = "vit_large_patch16_224"
 
 # Each loader is the body of a fresh process: it defines `load()` returning the module (or a dict of
@@ -137,7 +145,11 @@ def load():
         header = json.loads(open(file, "rb").read(8 + int.from_bytes(open(file, "rb").read(8), "little"))[8:])
         base = 8 + int.from_bytes(open(file, "rb").read(8), "little")
         fd = os.open(file, os.O_RDONLY)
-        if {dtype} is None or all(getattr(torch, {{"F32": "float32", "BF16": "bfloat16", "F16": "float16"}}.get(header[k]["dtype"], "int64")) == {dtype} for k in keys):
+        if {dtype} is None or all(
+            getattr(torch, {{"F32": "float32", "BF16": "bfloat16", "F16": "float16"}}.get(header[k]["dtype"], "int64"))
+            == {dtype}
+            for k in keys
+        ):
             size = os.fstat(fd).st_size - base
             buf = torch.empty(size, dtype=torch.uint8)  # private anonymous memory
             view, done = memoryview(buf.numpy()), 0
@@ -145,14 +157,20 @@ def load():
                 done += os.preadv(fd, [view[done:]], base + done)
             for k in keys:
                 s, e = header[k]["data_offsets"]
-                dt = {{"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16, "I64": torch.int64}}[header[k]["dtype"]]
+                dt = {{"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16, "I64": torch.int64}}[
+                    header[k]["dtype"]
+                ]
                 out[k] = buf[s:e].view(dt).view(header[k]["shape"])
         else:
             mapped = mmap.mmap(fd, 0, access=mmap.ACCESS_COPY)
             for k in keys:
                 s, e = header[k]["data_offsets"]
-                dt = {{"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16, "I64": torch.int64}}[header[k]["dtype"]]
-                src = torch.frombuffer(mapped, dtype=dt, count=(e - s) // dt.itemsize, offset=base + s).view(header[k]["shape"])
+                dt = {{"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16, "I64": torch.int64}}[
+                    header[k]["dtype"]
+                ]
+                src = torch.frombuffer(mapped, dtype=dt, count=(e - s) // dt.itemsize, offset=base + s).view(
+                    header[k]["shape"]
+                )
                 out[k] = src.to({dtype}) if dt.is_floating_point else src.clone()
         os.close(fd)
     return out
@@ -178,13 +196,21 @@ def make_checkpoints(cases) -> dict:
             continue
         print(f"making {target} ...", file=sys.stderr, flush=True)  # stdout: the table or --json
         if case == "vit":
-            import zoo
             from safetensors.torch import save_file
+
+            import zoo
 
             model = zoo.get(f"timm/{VIT}")
             g = torch.Generator().manual_seed(0)
-            save_file({k: torch.randn(v.shape, generator=g) if v.is_floating_point() else torch.zeros(v.shape, dtype=v.dtype)
-                       for k, v in model.state_dict().items()}, str(target))
+            save_file(
+                {
+                    k: torch.randn(v.shape, generator=g)
+                    if v.is_floating_point()
+                    else torch.zeros(v.shape, dtype=v.dtype)
+                    for k, v in model.state_dict().items()
+                },
+                str(target),
+            )
             continue
         dtype = torch.bfloat16 if case == "bf16" else torch.float32
         config = transformers.LlamaConfig(**LLAMA)
@@ -201,8 +227,9 @@ def make_checkpoints(cases) -> dict:
     if not (WORK / "peers.db").exists() and {"bf16", "fp32"} & set(cases):
         import zoo
 
-        zoo.connect(url).index("hf", [str(WORK / CASES["bf16" if "bf16" in cases else "fp32"][0])],
-                               name="hf/bench/llama-1.1b")
+        zoo.connect(url).index(
+            "hf", [str(WORK / CASES["bf16" if "bf16" in cases else "fp32"][0])], name="hf/bench/llama-1.1b"
+        )
     return {"url": url}
 
 
@@ -286,38 +313,52 @@ def bench(cases, rounds: int) -> dict:
                 continue
             mine = digests.get(loader, {})
             common = sorted(set(mine) & set(reference or {}))
-            rows[loader] = {key: statistics.median(o[key] for o in good)
-                            for key in ("load", "read", "touched", "process")}
+            rows[loader] = {
+                key: statistics.median(o[key] for o in good) for key in ("load", "read", "touched", "process")
+            }
             rows[loader]["rss_over_model"] = statistics.median(o["rss"] for o in good) / model_bytes
-            rows[loader]["bitwise"] = (f"{sum(mine[k] == reference[k] for k in common)}/{len(common)} equal"
-                                       if reference and common else "-")
+            rows[loader]["bitwise"] = (
+                f"{sum(mine[k] == reference[k] for k in common)}/{len(common)} equal" if reference and common else "-"
+            )
         results[case] = {"model_bytes": model_bytes, "mapped_share": mapped_share(case), "rows": rows}
     return results
 
 
 def print_table(results: dict) -> None:
-    titles = {"bf16": "1.1B Llama, bf16 file -> bf16", "fp32": "1.1B Llama, fp32 file -> bf16",
-              "vit": f"{VIT}, fp32 file -> fp32"}
+    titles = {
+        "bf16": "1.1B Llama, bf16 file -> bf16",
+        "fp32": "1.1B Llama, fp32 file -> bf16",
+        "vit": f"{VIT}, fp32 file -> fp32",
+    }
     for case, result in results.items():
-        print(f"\n{titles[case]} ({result['model_bytes'] / 1e9:.2f} GB in memory; "
-              f"{100 * result['mapped_share']:.0f}% of the file's bytes mapped by zoo's default load)")
+        print(
+            f"\n{titles[case]} ({result['model_bytes'] / 1e9:.2f} GB in memory; "
+            f"{100 * result['mapped_share']:.0f}% of the file's bytes mapped by zoo's default load)"
+        )
         print(f"  {'loader':<14} {'load s':>7} {'touched s':>9} {'process s':>9} {'RSS/model':>9}  tensors")
         for loader, row in result["rows"].items():
             if "error" in row:
                 print(f"  {loader:<14} error: {row['error']}")
                 continue
-            print(f"  {loader:<14} {row['load']:7.2f} {row['touched']:9.2f} {row['process']:9.2f} "
-                  f"{row['rss_over_model']:9.2f}  {row['bitwise']}")
+            print(
+                f"  {loader:<14} {row['load']:7.2f} {row['touched']:9.2f} {row['process']:9.2f} "
+                f"{row['rss_over_model']:9.2f}  {row['bitwise']}"
+            )
         rows = result["rows"]
         zoo = rows.get("zoo", {})
         for peer in ("transformers", "dcp", "timm"):
             if peer in rows and "load" in rows[peer] and "load" in zoo:
-                print(f"  zoo / {peer}: load {zoo['load'] / rows[peer]['load']:.2f}, touched "
-                      f"{zoo['touched'] / rows[peer]['touched']:.2f} (<= 1 is zoo at least as fast)")
+                print(
+                    f"  zoo / {peer}: load {zoo['load'] / rows[peer]['load']:.2f}, touched "
+                    f"{zoo['touched'] / rows[peer]['touched']:.2f} (<= 1 is zoo at least as fast)"
+                )
         copied = rows.get("zoo copy=True", {})
         if "floor" in rows and "read" in copied:  # the read alone: the meta build is in `load s` above
-            print(f"  zoo copy=True: materialize {copied['read']:.2f} s, at {100 * rows['floor']['load'] / copied['read']:.0f}%"
-                  " of the floor's read into fresh memory (bench/load_memory.py compares it with touched memory)")
+            print(
+                f"  zoo copy=True: materialize {copied['read']:.2f} s,"
+                f" at {100 * rows['floor']['load'] / copied['read']:.0f}%"
+                " of the floor's read into fresh memory (bench/load_memory.py compares it with touched memory)"
+            )
 
 
 def main() -> None:

@@ -48,7 +48,9 @@ def make_file(name: str) -> Path:
         for t in zoo.info(f"timm/{name}", tensors=True).tensor_table:
             if t.persistent and t.tied_to is None:
                 dtype = getattr(torch, t.dtype)
-                state[t.name] = torch.randn(t.shape, dtype=dtype) if dtype.is_floating_point else torch.zeros(t.shape, dtype=dtype)
+                state[t.name] = (
+                    torch.randn(t.shape, dtype=dtype) if dtype.is_floating_point else torch.zeros(t.shape, dtype=dtype)
+                )
         save_file(state, str(path) + ".part")
         os.replace(str(path) + ".part", path)  # a killed run leaves no half-written file behind
     return path
@@ -88,8 +90,12 @@ def read_into(path: Path, host, threads: int) -> float:
     try:
         t = time.perf_counter()
         with ThreadPoolExecutor(threads) as pool:
-            list(pool.map(lambda at: read_exact(fd, at, min(step, len(host) - at), host[at:at + step]),
-                          range(0, len(host), step)))
+            list(
+                pool.map(
+                    lambda at: read_exact(fd, at, min(step, len(host) - at), host[at : at + step]),
+                    range(0, len(host), step),
+                )
+            )
         return time.perf_counter() - t
     finally:
         os.close(fd)
@@ -159,12 +165,16 @@ def sweep(name: str) -> list[dict]:
             for mib in (16, 32, 64):
                 stream.MAX_READERS, stream.BUFFER_BYTES = readers, mib << 20
                 zoo.get(f"timm/{name}").materialize(device="cuda", weights=str(path))  # a ring of this size
-                best = min(timed(lambda: zoo.get(f"timm/{name}").materialize(device="cuda", weights=str(path)))
-                           for _ in range(3))
+                best = min(
+                    timed(lambda: zoo.get(f"timm/{name}").materialize(device="cuda", weights=str(path)))
+                    for _ in range(3)
+                )
                 rows.append({"readers": readers, "buffer_mib": mib, "s": best, "gb_s": nbytes / best / 1e9})
-                print(f"  sweep: {readers:2d} readers, {mib:2d} MiB buffers  {best:.3f} s  "
-                      f"{nbytes / best / 1e9:6.2f} GB/s",
-                      flush=True)
+                print(
+                    f"  sweep: {readers:2d} readers, {mib:2d} MiB buffers  {best:.3f} s  "
+                    f"{nbytes / best / 1e9:6.2f} GB/s",
+                    flush=True,
+                )
     finally:
         stream.MAX_READERS, stream.BUFFER_BYTES = defaults
     return rows
@@ -188,7 +198,9 @@ def bench(name: str) -> dict:
         runs.append(timed(lambda m=meta: m.materialize(device="cuda", weights=str(path))))
         del meta
     zoo_total = timed(lambda: zoo.get(f"timm/{name}").materialize(device="cuda", weights=str(path)))
-    timm_path = timed(lambda: timm.create_model(name, pretrained=True, pretrained_cfg_overlay={"file": str(path)}).cuda())
+    timm_path = timed(
+        lambda: timm.create_model(name, pretrained=True, pretrained_cfg_overlay={"file": str(path)}).cuda()
+    )
 
     def on_device():
         with torch.device("cuda"):
@@ -215,15 +227,27 @@ def bench(name: str) -> dict:
     rss = peak_rss_child(name, path)
     best = min(runs)
     return {
-        "model": name, "bytes": nbytes, "device": torch.cuda.get_device_name(),
-        "zoo_materialize_s": best, "zoo_first_call_s": runs[0], "zoo_get_materialize_s": zoo_total,
-        "zoo_gb_s": nbytes / best / 1e9, "copy_limit_gb_s": nbytes / copy_limit / 1e9,
-        "fraction_of_limit": copy_limit / best, "read_one_thread_gb_s": nbytes / read_one_thread / 1e9,
-        "read_parallel_gb_s": nbytes / read_parallel / 1e9, "fraction_of_parallel_read": read_parallel / best,
-        "timm_pretrained_cuda_s": timm_path, "speedup_vs_timm": timm_path / zoo_total,
-        "on_device_load_state_dict_s": on_device_s, "speedup_vs_on_device": on_device_s / zoo_total,
-        "on_device_load_file_cuda_s": on_device_gpu_file_s, "speedup_vs_load_file_cuda": on_device_gpu_file_s / zoo_total,
-        "rss_before": rss["before"], "rss_peak": rss["peak"], "rss_over_before_gb": (rss["peak"] - rss["before"]) / 1e9,
+        "model": name,
+        "bytes": nbytes,
+        "device": torch.cuda.get_device_name(),
+        "zoo_materialize_s": best,
+        "zoo_first_call_s": runs[0],
+        "zoo_get_materialize_s": zoo_total,
+        "zoo_gb_s": nbytes / best / 1e9,
+        "copy_limit_gb_s": nbytes / copy_limit / 1e9,
+        "fraction_of_limit": copy_limit / best,
+        "read_one_thread_gb_s": nbytes / read_one_thread / 1e9,
+        "read_parallel_gb_s": nbytes / read_parallel / 1e9,
+        "fraction_of_parallel_read": read_parallel / best,
+        "timm_pretrained_cuda_s": timm_path,
+        "speedup_vs_timm": timm_path / zoo_total,
+        "on_device_load_state_dict_s": on_device_s,
+        "speedup_vs_on_device": on_device_s / zoo_total,
+        "on_device_load_file_cuda_s": on_device_gpu_file_s,
+        "speedup_vs_load_file_cuda": on_device_gpu_file_s / zoo_total,
+        "rss_before": rss["before"],
+        "rss_peak": rss["peak"],
+        "rss_over_before_gb": (rss["peak"] - rss["before"]) / 1e9,
         "bitwise_equal": equal,
     }
 
@@ -251,24 +275,41 @@ def main() -> None:
         return "ok" if good else "MISSED"
 
     print(f"{r['model']} ({r['bytes'] / 1e9:.2f} GB) on {r['device']}, file in the page cache")
-    print(f"  zoo materialize(cuda)            {r['zoo_materialize_s']:7.3f} s  {r['zoo_gb_s']:6.2f} GB/s  "
-          f"(first call {r['zoo_first_call_s']:.3f} s)")
-    print(f"  pinned buffer -> device (limit)  {r['bytes'] / r['copy_limit_gb_s'] / 1e9:7.3f} s  "
-          f"{r['copy_limit_gb_s']:6.2f} GB/s  zoo at {100 * r['fraction_of_limit']:.0f}% "
-          f"(target >= 80%: {ok(r['fraction_of_limit'] >= 0.8)})")
-    print(f"  file -> pinned, one thread       {r['bytes'] / r['read_one_thread_gb_s'] / 1e9:7.3f} s  "
-          f"{r['read_one_thread_gb_s']:6.2f} GB/s  (for scale)")
-    print(f"  file -> pinned, stream's threads {r['bytes'] / r['read_parallel_gb_s'] / 1e9:7.3f} s  "
-          f"{r['read_parallel_gb_s']:6.2f} GB/s  zoo at {100 * r['fraction_of_parallel_read']:.0f}% (the host side's limit)")
+    print(
+        f"  zoo materialize(cuda)            {r['zoo_materialize_s']:7.3f} s  {r['zoo_gb_s']:6.2f} GB/s  "
+        f"(first call {r['zoo_first_call_s']:.3f} s)"
+    )
+    print(
+        f"  pinned buffer -> device (limit)  {r['bytes'] / r['copy_limit_gb_s'] / 1e9:7.3f} s  "
+        f"{r['copy_limit_gb_s']:6.2f} GB/s  zoo at {100 * r['fraction_of_limit']:.0f}% "
+        f"(target >= 80%: {ok(r['fraction_of_limit'] >= 0.8)})"
+    )
+    print(
+        f"  file -> pinned, one thread       {r['bytes'] / r['read_one_thread_gb_s'] / 1e9:7.3f} s  "
+        f"{r['read_one_thread_gb_s']:6.2f} GB/s  (for scale)"
+    )
+    print(
+        f"  file -> pinned, stream's threads {r['bytes'] / r['read_parallel_gb_s'] / 1e9:7.3f} s  "
+        f"{r['read_parallel_gb_s']:6.2f} GB/s  zoo at {100 * r['fraction_of_parallel_read']:.0f}%"
+        " (the host side's limit)"
+    )
     print(f"  zoo get + materialize(cuda)      {r['zoo_get_materialize_s']:7.3f} s")
-    print(f"  timm pretrained=True + .cuda()   {r['timm_pretrained_cuda_s']:7.3f} s  zoo {r['speedup_vs_timm']:.1f}x "
-          f"faster (target >= 5x: {ok(r['speedup_vs_timm'] >= 5)})")
-    print(f"  on device + load_state_dict      {r['on_device_load_state_dict_s']:7.3f} s  zoo "
-          f"{r['speedup_vs_on_device']:.1f}x faster (target >= 5x: {ok(r['speedup_vs_on_device'] >= 5)})")
-    print(f"  on device + load_file(cuda)      {r['on_device_load_file_cuda_s']:7.3f} s  zoo "
-          f"{r['speedup_vs_load_file_cuda']:.1f}x faster (for scale)")
-    print(f"  peak host RSS over before        {r['rss_over_before_gb']:.2f} GB "
-          f"(target < 1 GB: {ok(r['rss_over_before_gb'] < 1)})")
+    print(
+        f"  timm pretrained=True + .cuda()   {r['timm_pretrained_cuda_s']:7.3f} s  zoo {r['speedup_vs_timm']:.1f}x "
+        f"faster (target >= 5x: {ok(r['speedup_vs_timm'] >= 5)})"
+    )
+    print(
+        f"  on device + load_state_dict      {r['on_device_load_state_dict_s']:7.3f} s  zoo "
+        f"{r['speedup_vs_on_device']:.1f}x faster (target >= 5x: {ok(r['speedup_vs_on_device'] >= 5)})"
+    )
+    print(
+        f"  on device + load_file(cuda)      {r['on_device_load_file_cuda_s']:7.3f} s  zoo "
+        f"{r['speedup_vs_load_file_cuda']:.1f}x faster (for scale)"
+    )
+    print(
+        f"  peak host RSS over before        {r['rss_over_before_gb']:.2f} GB "
+        f"(target < 1 GB: {ok(r['rss_over_before_gb'] < 1)})"
+    )
     print(f"  bitwise equal to the plain load  {r['bitwise_equal']}")
 
 

@@ -48,8 +48,9 @@ def make_files(name: str) -> tuple[Path, Path, int]:
         for t in table:
             if t.persistent and t.tied_to is None:
                 dtype = getattr(torch, t.dtype)
-                state[t.name] = (torch.randn(t.shape, dtype=dtype) if dtype.is_floating_point
-                                 else torch.zeros(t.shape, dtype=dtype))
+                state[t.name] = (
+                    torch.randn(t.shape, dtype=dtype) if dtype.is_floating_point else torch.zeros(t.shape, dtype=dtype)
+                )
         save_file(state, str(st))
         torch.save(state, pth)
         del state
@@ -156,18 +157,30 @@ def bench(name: str) -> dict:
     eager_init = timed(lambda: timm.create_model(name))
     rss = peak_rss_child(name, st)
     return {
-        "model": name, "bytes": nbytes, "zoo_s": zoo_load, "timm_pretrained_s": timm_path,
-        "eager_load_state_dict_s": eager, "speedup_vs_timm": timm_path / zoo_load,
-        "speedup_vs_eager": eager / zoo_load, "zoo_gb_s": nbytes / zoo_load / 1e9,
-        "zoo_copy_s": zoo_copy, "zoo_copy_gb_s": nbytes / zoo_copy / 1e9,
-        "limit_gb_s": nbytes / limit / 1e9, "fraction_of_limit": limit / zoo_copy,
-        "touched_gb_s": nbytes / touched / 1e9, "fraction_of_touched": touched / zoo_copy,
-        "tensors": n_tensors, "storages": n_storages, "storage_bytes": storage_bytes,
-        "mapped_storages": mapped[1], "mapped_storage_bytes": mapped[2],
+        "model": name,
+        "bytes": nbytes,
+        "zoo_s": zoo_load,
+        "timm_pretrained_s": timm_path,
+        "eager_load_state_dict_s": eager,
+        "speedup_vs_timm": timm_path / zoo_load,
+        "speedup_vs_eager": eager / zoo_load,
+        "zoo_gb_s": nbytes / zoo_load / 1e9,
+        "zoo_copy_s": zoo_copy,
+        "zoo_copy_gb_s": nbytes / zoo_copy / 1e9,
+        "limit_gb_s": nbytes / limit / 1e9,
+        "fraction_of_limit": limit / zoo_copy,
+        "touched_gb_s": nbytes / touched / 1e9,
+        "fraction_of_touched": touched / zoo_copy,
+        "tensors": n_tensors,
+        "storages": n_storages,
+        "storage_bytes": storage_bytes,
+        "mapped_storages": mapped[1],
+        "mapped_storage_bytes": mapped[2],
         "zoo_peak_over_bytes": (rss["zoo"]["peak"] - rss["zoo"]["before"]) / nbytes,
         "zoo_copy_peak_over_bytes": (rss["zoo copy=True"]["peak"] - rss["zoo copy=True"]["before"]) / nbytes,
         "eager_peak_over_bytes": (rss["eager"]["peak"] - rss["eager"]["before"]) / nbytes,
-        "zoo_init_s": zoo_init, "eager_init_s": eager_init,
+        "zoo_init_s": zoo_init,
+        "eager_init_s": eager_init,
     }
 
 
@@ -189,19 +202,37 @@ def main() -> None:
         return
     for r in rows:
         print(f"{r['model']} ({r['bytes'] / 1e9:.2f} GB)")
-        print(f"  zoo get+materialize     {r['zoo_s']:7.2f} s   {r['zoo_gb_s']:.2f} GB/s (default: views where aligned)")
-        print(f"  the same, copy=True     {r['zoo_copy_s']:7.2f} s   {r['zoo_copy_gb_s']:.2f} GB/s (owned memory, read)")
-        print(f"  timm pretrained=True    {r['timm_pretrained_s']:7.2f} s   zoo {r['speedup_vs_timm']:.1f}x faster (target >= 5x)")
-        print(f"  eager + load_state_dict {r['eager_load_state_dict_s']:7.2f} s   zoo {r['speedup_vs_eager']:.1f}x faster")
-        print(f"  read into fresh buffer  {r['bytes'] / r['limit_gb_s'] / 1e9:7.2f} s   {r['limit_gb_s']:.2f} GB/s; "
-              f"copy=True at {100 * r['fraction_of_limit']:.0f}% of it (target >= 85%)")
-        print(f"  read into touched pages {r['bytes'] / r['touched_gb_s'] / 1e9:7.2f} s   {r['touched_gb_s']:.2f} GB/s; "
-              f"copy=True at {100 * r['fraction_of_touched']:.0f}% of it (target >= 70%)")
-        print(f"  storages                copy=True {r['storages']} for {r['tensors']} tensors, each tensor's "
-              f"untyped_storage().nbytes() summed {r['storage_bytes'] / 1e9:.3f} GB for a {r['bytes'] / 1e9:.3f} GB file; "
-              f"zero-copy {r['mapped_storages']} storages, {r['mapped_storage_bytes'] / 1e9:.3f} GB")
-        print(f"  peak RSS over bytes     copy=True {r['zoo_copy_peak_over_bytes']:.2f}x (target <= 1.05x), zero-copy "
-              f"{r['zoo_peak_over_bytes']:.2f}x, eager {r['eager_peak_over_bytes']:.2f}x")
+        print(
+            f"  zoo get+materialize     {r['zoo_s']:7.2f} s   {r['zoo_gb_s']:.2f} GB/s (default: views where aligned)"
+        )
+        print(
+            f"  the same, copy=True     {r['zoo_copy_s']:7.2f} s   {r['zoo_copy_gb_s']:.2f} GB/s (owned memory, read)"
+        )
+        print(
+            f"  timm pretrained=True    {r['timm_pretrained_s']:7.2f} s   zoo {r['speedup_vs_timm']:.1f}x faster"
+            " (target >= 5x)"
+        )
+        print(
+            f"  eager + load_state_dict {r['eager_load_state_dict_s']:7.2f} s   zoo {r['speedup_vs_eager']:.1f}x faster"
+        )
+        print(
+            f"  read into fresh buffer  {r['bytes'] / r['limit_gb_s'] / 1e9:7.2f} s   {r['limit_gb_s']:.2f} GB/s; "
+            f"copy=True at {100 * r['fraction_of_limit']:.0f}% of it (target >= 85%)"
+        )
+        print(
+            f"  read into touched pages {r['bytes'] / r['touched_gb_s'] / 1e9:7.2f} s   {r['touched_gb_s']:.2f} GB/s; "
+            f"copy=True at {100 * r['fraction_of_touched']:.0f}% of it (target >= 70%)"
+        )
+        print(
+            f"  storages                copy=True {r['storages']} for {r['tensors']} tensors, each tensor's "
+            f"untyped_storage().nbytes() summed {r['storage_bytes'] / 1e9:.3f} GB"
+            f" for a {r['bytes'] / 1e9:.3f} GB file; "
+            f"zero-copy {r['mapped_storages']} storages, {r['mapped_storage_bytes'] / 1e9:.3f} GB"
+        )
+        print(
+            f"  peak RSS over bytes     copy=True {r['zoo_copy_peak_over_bytes']:.2f}x (target <= 1.05x), zero-copy "
+            f"{r['zoo_peak_over_bytes']:.2f}x, eager {r['eager_peak_over_bytes']:.2f}x"
+        )
         print(f"  weights=None            zoo {r['zoo_init_s']:.2f} s, eager construction {r['eager_init_s']:.2f} s")
 
 

@@ -8,8 +8,9 @@ the batch size the CSV measured is compared with the measurement: ratio = measur
 slower than the roofline), error = max(ratio, 1 / ratio). A model's family is the timm module of its
 class as the registry records it (`arch`, e.g. timm.models.resnet.ResNet -> resnet), read with sqlite3:
 no torch, no timm (it differs from the module of timm's entrypoint for 92 of 1,371 architectures, e.g. deit's
-and vitamin's entrypoints build vision_transformer classes: --family-by entrypoint imports timm for those). The correction is the median ratio of each family on --fit (every other family: the
-median over all of --fit's rows); it is applied to the held-out devices' predictions.
+and vitamin's entrypoints build vision_transformer classes: --family-by entrypoint imports timm for those). The
+correction is the median ratio of each family on --fit (every other family: the median over all of --fit's rows); it is
+applied to the held-out devices' predictions.
 
 Run `.venv/bin/python bench/predict_throughput.py [--registry R] [--fit infer_4090_amp] [--family-by class|entrypoint]
 [--json [--pairs]]`.
@@ -27,8 +28,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from zoo.families.timm import BENCHMARKS  # noqa: E402  (torch-free: the benchmark files' names)
-from zoo.throughput.roofline import HARDWARE, load_hardware, predict  # noqa: E402
+from zoo.families.timm import BENCHMARKS  # noqa: E402 - after the sys.path insert; torch-free: the benchmark files' names
+from zoo.throughput.roofline import HARDWARE, load_hardware, predict  # noqa: E402 - after the sys.path insert
 
 HELD_OUT = ("infer_5090_amp", "infer_pro6000_amp")
 
@@ -40,9 +41,13 @@ def quantile(values, q):
 
 def summary(ratios):
     errors = [max(r, 1 / r) for r in ratios]
-    return {"n": len(ratios), "ratio_median": statistics.median(ratios) if ratios else None,
-            "ratio_p90": quantile(ratios, 0.9), "error_median": statistics.median(errors) if errors else None,
-            "error_p90": quantile(errors, 0.9)}
+    return {
+        "n": len(ratios),
+        "ratio_median": statistics.median(ratios) if ratios else None,
+        "ratio_p90": quantile(ratios, 0.9),
+        "error_median": statistics.median(errors) if errors else None,
+        "error_p90": quantile(errors, 0.9),
+    }
 
 
 def entrypoint_modules():
@@ -54,16 +59,23 @@ def entrypoint_modules():
 
 def registry_rows(path, modules=None):
     con = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
-    rows = con.execute("SELECT name, arch, input_size, flops, bytes, train_activation_bytes FROM models "
-                       "WHERE family = 'timm' AND kind = 'architecture' AND name LIKE 'timm/%'").fetchall()
+    rows = con.execute(
+        "SELECT name, arch, input_size, flops, bytes, train_activation_bytes FROM models "
+        "WHERE family = 'timm' AND kind = 'architecture' AND name LIKE 'timm/%'"
+    ).fetchall()
     con.close()
     out = {}
     for name, arch, input_size, flops, nbytes, activations in rows:
         module = arch.split(".")[2] if arch and arch.startswith("timm.models.") else "?"
         if modules is not None:
-            module = modules.get(name[len("timm/"):], module)
-        out[name[len("timm/"):]] = {"family": module, "input_size": json.loads(input_size) if input_size else None,
-                                    "flops": flops, "bytes": nbytes, "train_activation_bytes": activations}
+            module = modules.get(name[len("timm/") :], module)
+        out[name[len("timm/") :]] = {
+            "family": module,
+            "input_size": json.loads(input_size) if input_size else None,
+            "flops": flops,
+            "bytes": nbytes,
+            "train_activation_bytes": activations,
+        }
     return out
 
 
@@ -84,8 +96,16 @@ def compare(rows, devices, results):
                     skipped[column]["no analysis"] += 1
                 else:
                     est = predict(row, device, int(r[f"{mode}_batch_size"]))
-                    pairs[column].append((r["model"], size, row["family"], float(r[f"{mode}_samples_per_sec"]),
-                                          est.samples_per_s, est.bound))
+                    pairs[column].append(
+                        (
+                            r["model"],
+                            size,
+                            row["family"],
+                            float(r[f"{mode}_samples_per_sec"]),
+                            est.samples_per_s,
+                            est.bound,
+                        )
+                    )
     return pairs, skipped
 
 
@@ -103,11 +123,17 @@ def main(argv=None):
     p.add_argument("--results", default=str(ROOT / "catalog" / "timm-results"))
     p.add_argument("--fit", default="infer_4090_amp", help="the device column the per-family correction is fitted on")
     p.add_argument("--min-family", type=int, default=10, help="families with fewer rows on --fit are not printed")
-    p.add_argument("--family-by", choices=("class", "entrypoint"), default="class",
-                   help="class: the module of the model's class, from the registry's arch (no timm import); "
-                        "entrypoint: the module of timm's entrypoint (imports timm)")
+    p.add_argument(
+        "--family-by",
+        choices=("class", "entrypoint"),
+        default="class",
+        help="class: the module of the model's class, from the registry's arch (no timm import); "
+        "entrypoint: the module of timm's entrypoint (imports timm)",
+    )
     p.add_argument("--json", action="store_true")
-    p.add_argument("--pairs", action="store_true", help="with --json: every compared (model, size, measured, predicted)")
+    p.add_argument(
+        "--pairs", action="store_true", help="with --json: every compared (model, size, measured, predicted)"
+    )
     a = p.parse_args(argv)
     if "://" in a.registry:
         p.error("--registry: a SQLite file (this script reads it with sqlite3)")
@@ -118,12 +144,19 @@ def main(argv=None):
     fit = by_family(pairs[a.fit])
     overall = statistics.median(r for rs in fit.values() for r in rs)
     correction = {family: statistics.median(rs) for family, rs in fit.items()}
-    report = {"devices": {}, "families": {}, "correction": {"fit_on": a.fit, "default": overall,
-                                                            "per_family": correction, "held_out": {}}}
+    report = {
+        "devices": {},
+        "families": {},
+        "correction": {"fit_on": a.fit, "default": overall, "per_family": correction, "held_out": {}},
+    }
     for column, device in devices.items():
         ratios = [m / p_ for _, _, _, m, p_, _ in pairs[column]]
-        report["devices"][column] = {"device": device.device, **summary(ratios), "skipped": skipped[column],
-                                     "memory_bound": sum(b == "memory" for *_, b in pairs[column])}
+        report["devices"][column] = {
+            "device": device.device,
+            **summary(ratios),
+            "skipped": skipped[column],
+            "memory_bound": sum(b == "memory" for *_, b in pairs[column]),
+        }
         report["families"][column] = {f: summary(rs) for f, rs in sorted(by_family(pairs[column]).items())}
     for column in [c for c in HELD_OUT if c in pairs and c != a.fit]:
         before = [m / p_ for _, _, _, m, p_, _ in pairs[column]]
@@ -135,31 +168,45 @@ def main(argv=None):
     if a.json:
         print(json.dumps(report, indent=1))
         return
-    print(f"roofline estimate vs timm's measured throughput (ratio = measured / predicted; error = max(ratio, "
-          f"1/ratio)); registry {a.registry}")
-    print(f"{'device column':<22} {'n':>5} {'mem-bound':>9} {'ratio p50':>9} {'ratio p90':>9} {'err p50':>8} "
-          f"{'err p90':>8}  skipped (no row / other size / no analysis)")
+    print(
+        f"roofline estimate vs timm's measured throughput (ratio = measured / predicted; error = max(ratio, "
+        f"1/ratio)); registry {a.registry}"
+    )
+    print(
+        f"{'device column':<22} {'n':>5} {'mem-bound':>9} {'ratio p50':>9} {'ratio p90':>9} {'err p50':>8} "
+        f"{'err p90':>8}  skipped (no row / other size / no analysis)"
+    )
     for column, d in report["devices"].items():
         s = d["skipped"]
-        print(f"{column:<22} {d['n']:>5} {d['memory_bound']:>9} {d['ratio_median']:>9.3f} {d['ratio_p90']:>9.3f} "
-              f"{d['error_median']:>8.2f} {d['error_p90']:>8.2f}  {s['no row']} / {s['other input size']} / "
-              f"{s['no analysis']}")
+        print(
+            f"{column:<22} {d['n']:>5} {d['memory_bound']:>9} {d['ratio_median']:>9.3f} {d['ratio_p90']:>9.3f} "
+            f"{d['error_median']:>8.2f} {d['error_p90']:>8.2f}  {s['no row']} / {s['other input size']} / "
+            f"{s['no analysis']}"
+        )
     shown = sorted((f for f, rs in fit.items() if len(rs) >= a.min_family), key=lambda f: -len(fit[f]))
-    print(f"\nper family (timm module of the model's {a.family_by}), median ratio per device; families with >= "
-          f"{a.min_family} rows on {a.fit}")
+    print(
+        f"\nper family (timm module of the model's {a.family_by}), median ratio per device; families with >= "
+        f"{a.min_family} rows on {a.fit}"
+    )
     columns = list(devices)
     print(f"{'family':<22} {'n':>4} " + " ".join(f"{c[:15]:>15}" for c in columns))
     for f in shown:
         cells = [report["families"][c].get(f, {}).get("ratio_median") for c in columns]
         print(f"{f:<22} {len(fit[f]):>4} " + " ".join(f"{x:>15.3f}" if x else f"{'-':>15}" for x in cells))
-    print(f"\nper-family correction fitted on {a.fit} ({len(correction)} families; others x{overall:.3f}), "
-          "error = max(ratio, 1/ratio) on held-out devices")
-    print(f"{'held out':<22} {'n':>5} {'err p50 before':>14} {'err p90 before':>14} {'err p50 after':>13} "
-          f"{'err p90 after':>13}")
+    print(
+        f"\nper-family correction fitted on {a.fit} ({len(correction)} families; others x{overall:.3f}), "
+        "error = max(ratio, 1/ratio) on held-out devices"
+    )
+    print(
+        f"{'held out':<22} {'n':>5} {'err p50 before':>14} {'err p90 before':>14} {'err p50 after':>13} "
+        f"{'err p90 after':>13}"
+    )
     for column, d in report["correction"]["held_out"].items():
         b, af = d["before"], d["after"]
-        print(f"{column:<22} {b['n']:>5} {b['error_median']:>14.2f} {b['error_p90']:>14.2f} "
-              f"{af['error_median']:>13.2f} {af['error_p90']:>13.2f}")
+        print(
+            f"{column:<22} {b['n']:>5} {b['error_median']:>14.2f} {b['error_p90']:>14.2f} "
+            f"{af['error_median']:>13.2f} {af['error_p90']:>13.2f}"
+        )
 
 
 if __name__ == "__main__":

@@ -37,8 +37,12 @@ def make_cache(tag: str) -> tuple[Path, int]:
 
         model = timm.create_model(tag, device="meta")
         g = torch.Generator().manual_seed(0)
-        state = {k: torch.randn(v.shape, generator=g, dtype=v.dtype) if v.is_floating_point() else
-                 torch.zeros(v.shape, dtype=v.dtype) for k, v in model.state_dict().items()}
+        state = {
+            k: torch.randn(v.shape, generator=g, dtype=v.dtype)
+            if v.is_floating_point()
+            else torch.zeros(v.shape, dtype=v.dtype)
+            for k, v in model.state_dict().items()
+        }
         tmp = WORK / "staged.safetensors"
         WORK.mkdir(parents=True, exist_ok=True)
         save_file(state, str(tmp))
@@ -98,10 +102,16 @@ print(json.dumps({'first_s': first, 'second_s': second, 'before': before, 'peak'
 
 
 def child(mode: str, tag: str, url: str, hf_home: Path, zoo_cache: Path) -> dict:
-    env = {**os.environ, "HF_HOME": str(hf_home), "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT),
-           "ZOO_CACHE": str(zoo_cache)}
-    proc = subprocess.run([sys.executable, "-c", CHILD, mode, tag, url], capture_output=True, text=True,
-                          cwd=ROOT, env=env)
+    env = {
+        **os.environ,
+        "HF_HOME": str(hf_home),
+        "HF_HUB_OFFLINE": "1",
+        "PYTHONPATH": str(ROOT),
+        "ZOO_CACHE": str(zoo_cache),
+    }
+    proc = subprocess.run(
+        [sys.executable, "-c", CHILD, mode, tag, url], capture_output=True, text=True, cwd=ROOT, env=env
+    )
     if proc.returncode:
         raise RuntimeError(proc.stderr[-3000:])
     return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -124,11 +134,15 @@ def bench(tag: str) -> dict:
     finally:
         shutil.rmtree(zoo_cache)
     return {
-        "tag": tag, "bytes": nbytes, "zoo_hashing_s": checking["first_s"],
+        "tag": tag,
+        "bytes": nbytes,
+        "zoo_hashing_s": checking["first_s"],
         "speedup_hashing": timm_run["first_s"] / checking["first_s"],
         "zoo_hashing_peak_over_bytes": (checking["peak"] - checking["before"]) / nbytes,
-        "zoo_first_s": zoo_run["first_s"], "zoo_second_s": zoo_run["second_s"],
-        "timm_first_s": timm_run["first_s"], "timm_second_s": timm_run["second_s"],
+        "zoo_first_s": zoo_run["first_s"],
+        "zoo_second_s": zoo_run["second_s"],
+        "timm_first_s": timm_run["first_s"],
+        "timm_second_s": timm_run["second_s"],
         "speedup_first": timm_run["first_s"] / zoo_run["first_s"],
         "speedup_second": timm_run["second_s"] / zoo_run["second_s"],
         "zoo_peak_over_bytes": (zoo_run["peak"] - zoo_run["before"]) / nbytes,
@@ -145,14 +159,21 @@ def main() -> None:
         print(json.dumps(r, indent=1))
         return
     print(f"{r['tag']} ({r['bytes'] / 1e9:.2f} GB, warm hub cache)")
-    print(f"  zoo, file's sha256 checked now     first {r['zoo_hashing_s']:6.2f} s   "
-          f"({r['speedup_hashing']:.1f}x timm's first; peak RSS {r['zoo_hashing_peak_over_bytes']:.2f}x bytes)")
+    print(
+        f"  zoo, file's sha256 checked now     first {r['zoo_hashing_s']:6.2f} s   "
+        f"({r['speedup_hashing']:.1f}x timm's first; peak RSS {r['zoo_hashing_peak_over_bytes']:.2f}x bytes)"
+    )
     print(f"  zoo.get(weights='pretrained')      first {r['zoo_first_s']:6.2f} s   again {r['zoo_second_s']:6.2f} s")
     print(f"  timm.create_model(pretrained=True) first {r['timm_first_s']:6.2f} s   again {r['timm_second_s']:6.2f} s")
-    print(f"  zoo faster by                      first {r['speedup_first']:5.1f}x    again {r['speedup_second']:5.1f}x "
-          f"(target >= 5x)")
-    print(f"  peak RSS over bytes (first call)   zoo {r['zoo_peak_over_bytes']:.2f}x, timm {r['timm_peak_over_bytes']:.2f}x "
-          f"(target zoo <= 1.15x)")
+    print(
+        f"  zoo faster by                      first {r['speedup_first']:5.1f}x    again {r['speedup_second']:5.1f}x "
+        f"(target >= 5x)"
+    )
+    print(
+        f"  peak RSS over bytes (first call)   zoo {r['zoo_peak_over_bytes']:.2f}x,"
+        f" timm {r['timm_peak_over_bytes']:.2f}x "
+        f"(target zoo <= 1.15x)"
+    )
 
 
 if __name__ == "__main__":

@@ -40,8 +40,14 @@ def run_backend(url: str, readers: int, writes: int, tmp: Path) -> dict:
     done = tmp / f"done-{os.urandom(4).hex()}"
 
     def start(*args):
-        return subprocess.Popen([sys.executable, "-m", "tests.readers", *args], cwd=ROOT, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, text=True, env=env)
+        return subprocess.Popen(
+            [sys.executable, "-m", "tests.readers", *args],
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
 
     procs = [start("reader", url, str(done), *(["get"] if i % 4 == 0 else [])) for i in range(readers)]
     writer = start("writer", url, str(writes), str(done))
@@ -60,8 +66,10 @@ def run_backend(url: str, readers: int, writes: int, tmp: Path) -> dict:
         out["errors"] += r["error_count"]
         out["torn"] += r["torn_count"]
         out["samples"] += r["errors"] + r["torn"]
-    out["stats"] = {op: {"calls": len(t), "p50_ms": pct(t, 50) * 1e3, "p99_ms": pct(t, 99) * 1e3}
-                    for op, t in out.pop("latencies").items()}
+    out["stats"] = {
+        op: {"calls": len(t), "p50_ms": pct(t, 50) * 1e3, "p99_ms": pct(t, 99) * 1e3}
+        for op, t in out.pop("latencies").items()
+    }
     return out
 
 
@@ -95,13 +103,25 @@ def main() -> int:
     if args.json:
         print(json.dumps(result, indent=1))
         return 0
-    print(f"\n{args.readers} reader processes (get in every fourth) while 1 writer re-indexes a model "
-          f"{args.writes} times; latency per call, ms")
+    print(
+        f"\n{args.readers} reader processes (get in every fourth) while 1 writer re-indexes a model "
+        f"{args.writes} times; latency per call, ms"
+    )
     rows = [["backend", "op", "calls", "p50", "p99", "errors", "torn reads", "writes/s"]]
     for b, r in result["backends"].items():
         for op, st in r["stats"].items():
-            rows.append([b, op, str(st["calls"]), f"{st['p50_ms']:.1f}", f"{st['p99_ms']:.1f}", str(r["errors"]),
-                         str(r["torn"]), f"{r['writer']['writes'] / r['writer']['seconds']:.2f}"])
+            rows.append(
+                [
+                    b,
+                    op,
+                    str(st["calls"]),
+                    f"{st['p50_ms']:.1f}",
+                    f"{st['p99_ms']:.1f}",
+                    str(r["errors"]),
+                    str(r["torn"]),
+                    f"{r['writer']['writes'] / r['writer']['seconds']:.2f}",
+                ]
+            )
     widths = [max(len(r[c]) for r in rows) for c in range(len(rows[0]))]
     for i, r in enumerate(rows):
         print("  ".join(c.ljust(w) if j < 2 else c.rjust(w) for j, (c, w) in enumerate(zip(r, widths))))

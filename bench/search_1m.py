@@ -63,12 +63,28 @@ QUERIES = [  # (key, expression, order_by)
 ]
 FAMILIES = ["hf", "timm", "user", "torchvision"]
 FAMILY_P = [0.55, 0.25, 0.15, 0.05]
-TASKS = ["image-classification", "text-generation", "feature-extraction", "fill-mask", "object-detection",
-         "image-segmentation", None]
+TASKS = [
+    "image-classification",
+    "text-generation",
+    "feature-extraction",
+    "fill-mask",
+    "object-detection",
+    "image-segmentation",
+    None,
+]
 TASK_P = [0.3, 0.25, 0.12, 0.08, 0.08, 0.07, 0.10]
 ARCHS = {
-    "hf": ["transformers.LlamaForCausalLM", "transformers.BertModel", "transformers.ViTModel", "transformers.GPT2LMHeadModel"],
-    "timm": ["timm.models.resnet.ResNet", "timm.models.vision_transformer.VisionTransformer", "timm.models.convnext.ConvNeXt"],
+    "hf": [
+        "transformers.LlamaForCausalLM",
+        "transformers.BertModel",
+        "transformers.ViTModel",
+        "transformers.GPT2LMHeadModel",
+    ],
+    "timm": [
+        "timm.models.resnet.ResNet",
+        "timm.models.vision_transformer.VisionTransformer",
+        "timm.models.convnext.ConvNeXt",
+    ],
     "user": ["mypkg.nets.Net", "lab.models.UNet"],
     "torchvision": ["torchvision.models.resnet.ResNet", "torchvision.models.detection.faster_rcnn.FasterRCNN"],
 }
@@ -105,15 +121,34 @@ def synth_rows(n: int, seed: int = 0):
             p = int(params[j])
             short = f"model_{i:07d}"
             b = int(buffers[j])
-            rows.append(dict(
-                name=f"{fam}/{short}", short=short, family=fam, builder=short, kwargs="{}",
-                arch=ARCHS[fam][archs[j] % len(ARCHS[fam])], task=TASKS[tasks[j]],
-                input_size="[3, 224, 224]" if fam in ("timm", "torchvision") else None,
-                versions='{"torch": "2.10.0"}', dtype="float32", params=p, trainable=p, buffers=b,
-                tensors=int(tensors[j]), param_bytes=4 * p, buffer_bytes=4 * b, bytes=4 * p, flops=int(flops[j]),
-                status="ok", error=None, source_hash="".join(f"{int(h) & (2**64 - 1):016x}" for h in hashes[j]),
-                indexed_at=base + timedelta(seconds=int(secs[j])), kind="architecture", arch_name=f"{fam}/{short}",
-            ))
+            rows.append(
+                dict(
+                    name=f"{fam}/{short}",
+                    short=short,
+                    family=fam,
+                    builder=short,
+                    kwargs="{}",
+                    arch=ARCHS[fam][archs[j] % len(ARCHS[fam])],
+                    task=TASKS[tasks[j]],
+                    input_size="[3, 224, 224]" if fam in ("timm", "torchvision") else None,
+                    versions='{"torch": "2.10.0"}',
+                    dtype="float32",
+                    params=p,
+                    trainable=p,
+                    buffers=b,
+                    tensors=int(tensors[j]),
+                    param_bytes=4 * p,
+                    buffer_bytes=4 * b,
+                    bytes=4 * p,
+                    flops=int(flops[j]),
+                    status="ok",
+                    error=None,
+                    source_hash="".join(f"{int(h) & (2**64 - 1):016x}" for h in hashes[j]),
+                    indexed_at=base + timedelta(seconds=int(secs[j])),
+                    kind="architecture",
+                    arch_name=f"{fam}/{short}",
+                )
+            )
         yield rows
 
 
@@ -145,8 +180,10 @@ def build_postgresql(server, n: int) -> tuple[str, float]:
     url = server.fresh()
     t = time.perf_counter()
     db.upgrade(url)
-    with psycopg.connect(host="127.0.0.1", port=server.port, user="postgres",
-                         dbname=url.rsplit("/", 1)[1]) as conn, conn.cursor() as cur:
+    with (
+        psycopg.connect(host="127.0.0.1", port=server.port, user="postgres", dbname=url.rsplit("/", 1)[1]) as conn,
+        conn.cursor() as cur,
+    ):
         columns = None
         for rows in synth_rows(n):
             columns = columns or list(rows[0])
@@ -175,8 +212,12 @@ def time_queries(url: str, runs: int, log) -> dict:
             t = time.perf_counter()
             zoo.search(expr, order_by=order_by, limit=LIMIT)
             times.append(time.perf_counter() - t)
-        out[key] = {"p50_ms": pct(times, 50) * 1e3, "p99_ms": pct(times, 99) * 1e3, "rows": len(found),
-                    "names": [i.name for i in found]}
+        out[key] = {
+            "p50_ms": pct(times, 50) * 1e3,
+            "p99_ms": pct(times, 99) * 1e3,
+            "rows": len(found),
+            "names": [i.name for i in found],
+        }
         log(f"  {key}: p50 {out[key]['p50_ms']:.1f} ms, p99 {out[key]['p99_ms']:.1f} ms")
     return out
 
@@ -263,32 +304,52 @@ def main() -> int:
 
     backends = result["backends"]
     if len(backends) == 2:
-        result["same_rows"] = {k: backends["sqlite"][k]["names"] == backends["postgresql"][k]["names"]
-                               for k, _, _ in QUERIES}
-    result["met"] = {b: all(r[k]["p50_ms"] < TARGET_P50_MS and r[k]["p99_ms"] < TARGET_P99_MS for k in TARGETED)
-                     for b, r in backends.items()}
+        result["same_rows"] = {
+            k: backends["sqlite"][k]["names"] == backends["postgresql"][k]["names"] for k, _, _ in QUERIES
+        }
+    result["met"] = {
+        b: all(r[k]["p50_ms"] < TARGET_P50_MS and r[k]["p99_ms"] < TARGET_P99_MS for k in TARGETED)
+        for b, r in backends.items()
+    }
     if args.json:
         for r in backends.values():
             for q in r.values():
                 q.pop("names")
         print(json.dumps(result, indent=1))
         return 0
-    print(f"\nZoo(url).search at {result['n']:,} models, limit {LIMIT} (the CLI's default), {args.runs} runs "
-          f"after 3 warm-ups; ms")
-    rows = [["query", "expression", "order", *(f"{b} {s}" for b in backends for s in ("p50", "p99")),
-             *(["same rows"] if "same_rows" in result else [])]]
+    print(
+        f"\nZoo(url).search at {result['n']:,} models, limit {LIMIT} (the CLI's default), {args.runs} runs "
+        f"after 3 warm-ups; ms"
+    )
+    rows = [
+        [
+            "query",
+            "expression",
+            "order",
+            *(f"{b} {s}" for b in backends for s in ("p50", "p99")),
+            *(["same rows"] if "same_rows" in result else []),
+        ]
+    ]
     for key, expr, order_by in QUERIES:
-        rows.append([key + (" *" if key in TARGETED else ""), expr, order_by or "name",
-                     *(f"{backends[b][key][s]:.1f}" for b in backends for s in ("p50_ms", "p99_ms")),
-                     *([str(result["same_rows"][key])] if "same_rows" in result else [])])
+        rows.append(
+            [
+                key + (" *" if key in TARGETED else ""),
+                expr,
+                order_by or "name",
+                *(f"{backends[b][key][s]:.1f}" for b in backends for s in ("p50_ms", "p99_ms")),
+                *([str(result["same_rows"][key])] if "same_rows" in result else []),
+            ]
+        )
     widths = [max(len(r[c]) for r in rows) for c in range(len(rows[0]))]
     for i, r in enumerate(rows):
         print("  ".join(c.ljust(w) if j < 3 else c.rjust(w) for j, (c, w) in enumerate(zip(r, widths))))
         if i == 0:
             print("  ".join("-" * w for w in widths))
     for b, met in result["met"].items():
-        print(f"target (* rows): p50 < {TARGET_P50_MS:.0f} ms and p99 < {TARGET_P99_MS:.0f} ms on {b} -> "
-              f"{'met' if met else 'NOT met'}")
+        print(
+            f"target (* rows): p50 < {TARGET_P50_MS:.0f} ms and p99 < {TARGET_P99_MS:.0f} ms on {b} -> "
+            f"{'met' if met else 'NOT met'}"
+        )
     for key, plan in result.get("sqlite_plans", {}).items():
         print(f"SQLite plan [{key}]: " + "; ".join(plan))
     if args.keep:

@@ -53,9 +53,14 @@ def table_names(stdout: str) -> list[str]:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--registry", default=os.environ.get("ZOO_REGISTRY", "").strip() or str(SHIPPED),
-                    help="registry path or SQLAlchemy URL (default: $ZOO_REGISTRY or the shipped registry.db)")
-    ap.add_argument("--expr", default="name~'timm/vit_*' and kind=architecture", help="zoo search expression (default: %(default)s)")
+    ap.add_argument(
+        "--registry",
+        default=os.environ.get("ZOO_REGISTRY", "").strip() or str(SHIPPED),
+        help="registry path or SQLAlchemy URL (default: $ZOO_REGISTRY or the shipped registry.db)",
+    )
+    ap.add_argument(
+        "--expr", default="name~'timm/vit_*' and kind=architecture", help="zoo search expression (default: %(default)s)"
+    )
     ap.add_argument("--pattern", default="vit_*", help="timm.list_models pattern (default: %(default)s)")
     ap.add_argument("--repeats", type=int, default=5, help="timed runs of each command (default 5)")
     ap.add_argument("--json", action="store_true", help="print the numbers as JSON")
@@ -78,7 +83,7 @@ def main() -> int:
         _, outputs[k] = run(cmd, env)
     for r in range(args.repeats):
         keys = list(commands)
-        keys = keys[r % len(keys):] + keys[:r % len(keys)]  # rotate who goes first
+        keys = keys[r % len(keys) :] + keys[: r % len(keys)]  # rotate who goes first
         for k in keys:
             s, proc = run(commands[k], env)
             times[k].append(s)
@@ -86,8 +91,12 @@ def main() -> int:
                 print(f"WARNING: {k} exited {proc.returncode}: {proc.stderr.strip()[-300:]}", file=sys.stderr)
 
     # Names, untimed: zoo's from the warm-up's table; timm's from a printing twin of the plain command.
-    listing = subprocess.run([sys.executable, "-c", f"import json, timm; print(json.dumps(timm.list_models({args.pattern!r})))"],
-                             capture_output=True, text=True, env=env)
+    listing = subprocess.run(
+        [sys.executable, "-c", f"import json, timm; print(json.dumps(timm.list_models({args.pattern!r})))"],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
     timm_names = set(json.loads(listing.stdout))
     checks = {}
     for k in commands:
@@ -95,16 +104,28 @@ def main() -> int:
             continue
         rows = table_names(outputs[k].stdout)
         zoo_timm = {n.removeprefix("timm/") for n in rows if n.startswith("timm/")}
-        checks[k] = {"rows": len(rows), "timm_rows": len(zoo_timm), "other_family_rows": len(rows) - len(zoo_timm),
-                     "missing_from_zoo": sorted(timm_names - zoo_timm), "extra_in_zoo": sorted(zoo_timm - timm_names),
-                     "same_set": zoo_timm == timm_names}
+        checks[k] = {
+            "rows": len(rows),
+            "timm_rows": len(zoo_timm),
+            "other_family_rows": len(rows) - len(zoo_timm),
+            "missing_from_zoo": sorted(timm_names - zoo_timm),
+            "extra_in_zoo": sorted(zoo_timm - timm_names),
+            "same_set": zoo_timm == timm_names,
+        }
 
     med = {k: statistics.median(v) for k, v in times.items()}
     result = {
-        "registry": args.registry, "expr": args.expr, "pattern": args.pattern, "repeats": args.repeats,
-        "median_s": med, "min_s": {k: min(v) for k, v in times.items()}, "runs_s": times,
+        "registry": args.registry,
+        "expr": args.expr,
+        "pattern": args.pattern,
+        "repeats": args.repeats,
+        "median_s": med,
+        "min_s": {k: min(v) for k, v in times.items()},
+        "runs_s": times,
         "ratio_plain_over_zoo": {k: med[plain_key] / med[k] for k in commands if k != plain_key},
-        "timm_names": len(timm_names), "name_check": checks, "target_ratio": TARGET,
+        "timm_names": len(timm_names),
+        "name_check": checks,
+        "target_ratio": TARGET,
     }
     if args.json:
         print(json.dumps(result, indent=1))
@@ -124,18 +145,23 @@ def main() -> int:
             print("  ".join("-" * w for w in widths))
     for k, c in checks.items():
         if not c["same_set"]:
-            print(f"WARNING: {k} returned {c['timm_rows']} timm names, timm.list_models returned {len(timm_names)} "
-                  f"({len(c['missing_from_zoo'])} missing from zoo, e.g. {c['missing_from_zoo'][:3]}; "
-                  f"{len(c['extra_in_zoo'])} only in zoo, e.g. {c['extra_in_zoo'][:3]})")
+            print(
+                f"WARNING: {k} returned {c['timm_rows']} timm names, timm.list_models returned {len(timm_names)} "
+                f"({len(c['missing_from_zoo'])} missing from zoo, e.g. {c['missing_from_zoo'][:3]}; "
+                f"{len(c['extra_in_zoo'])} only in zoo, e.g. {c['extra_in_zoo'][:3]})"
+            )
             if c["rows"] == 0 and args.expr.replace(" ", "").startswith("name~") and "/" not in args.expr:
-                print("         (names carry their family prefix, 'timm/...': try --expr \"name~'timm/"
-                      f"{args.pattern}'\")")
+                print(
+                    f"         (names carry their family prefix, 'timm/...': try --expr \"name~'timm/{args.pattern}'\")"
+                )
         if c["other_family_rows"]:
             print(f"note: {k} also returned {c['other_family_rows']} rows of other families (not in timm's list)")
     best = max(result["ratio_plain_over_zoo"].values())
     worst = min(result["ratio_plain_over_zoo"].values())
-    print(f"target: plain/zoo >= {TARGET:.0f}x -> {'met' if worst >= TARGET else 'NOT met'} "
-          f"({worst:.1f}x .. {best:.1f}x over the zoo variants)")
+    print(
+        f"target: plain/zoo >= {TARGET:.0f}x -> {'met' if worst >= TARGET else 'NOT met'} "
+        f"({worst:.1f}x .. {best:.1f}x over the zoo variants)"
+    )
     return 0
 
 

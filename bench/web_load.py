@@ -36,8 +36,13 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 # A page of a narrow search, model pages, a script: what a reader clicks (a search over the whole registry
 # plots every match, 50-130 ms of this process each, and is bench/web_search.py's)
-CHEAP = ["/api/search?q=name~%27resnet5*%27&per_page=20", "/api/search?q=family%3Dtorchvision%20and%20params%3C1e7",
-         "/api/models/timm/resnet50", "/api/models/torchvision/vit_b_16", "/static/search.js"]
+CHEAP = [
+    "/api/search?q=name~%27resnet5*%27&per_page=20",
+    "/api/search?q=family%3Dtorchvision%20and%20params%3C1e7",
+    "/api/models/timm/resnet50",
+    "/api/models/torchvision/vit_b_16",
+    "/static/search.js",
+]
 HEAVY = "/api/estimate/hf/meta-llama/Llama-3.1-405B?batch=8&seq_len=8192&training=true"
 
 
@@ -55,7 +60,7 @@ async def get(port: int, path: str, timeout: float = 300) -> tuple[int, float]:
         data = await asyncio.wait_for(reader.read(), timeout)
         writer.close()
         return int(data.split(b" ", 2)[1]) if data.startswith(b"HTTP/") else 0, time.perf_counter() - start
-    except (OSError, asyncio.TimeoutError):
+    except (TimeoutError, OSError):
         return 0, time.perf_counter() - start
 
 
@@ -64,9 +69,14 @@ def start_server(registry: str, log: Path, files: int | None = None) -> tuple[su
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     limit = (lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (files, files))) if files else None
-    proc = subprocess.Popen([sys.executable, "-m", "zoo.cli", "serve", "--registry", registry, "--port", str(port)],
-                            cwd=ROOT, stdout=log.open("w"), stderr=subprocess.STDOUT, preexec_fn=limit,
-                            env={**os.environ, "PYTHONPATH": str(ROOT)})
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "zoo.cli", "serve", "--registry", registry, "--port", str(port)],
+        cwd=ROOT,
+        stdout=log.open("w"),
+        stderr=subprocess.STDOUT,
+        preexec_fn=limit,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
     deadline = time.monotonic() + 120
     while asyncio.run(get(port, "/api/search", timeout=5))[0] != 200:
         if proc.poll() is not None or time.monotonic() > deadline:
@@ -93,11 +103,18 @@ async def heavy_queue(port: int, clients: int, heavy: int, seconds: float, think
     ok = [s for code, s in cheap if code == 200]
     refused = [s for code, s in heavy_answers if code == 503]
     done = [s for code, s in heavy_answers if code == 200]
-    return {"cheap_requests": len(cheap), "cheap_p50_s": pct(ok, 50), "cheap_p99_s": pct(ok, 99),
-            "cheap_max_s": max(ok, default=float("nan")), "cheap_errors": len(cheap) - len(ok),
-            "heavy_503": len(refused), "heavy_503_max_s": max(refused, default=float("nan")),
-            "heavy_200": len(done), "heavy_200_max_s": max(done, default=float("nan")),
-            "heavy_errors": heavy - len(refused) - len(done)}
+    return {
+        "cheap_requests": len(cheap),
+        "cheap_p50_s": pct(ok, 50),
+        "cheap_p99_s": pct(ok, 99),
+        "cheap_max_s": max(ok, default=float("nan")),
+        "cheap_errors": len(cheap) - len(ok),
+        "heavy_503": len(refused),
+        "heavy_503_max_s": max(refused, default=float("nan")),
+        "heavy_200": len(done),
+        "heavy_200_max_s": max(done, default=float("nan")),
+        "heavy_errors": heavy - len(refused) - len(done),
+    }
 
 
 async def slowloris(port: int, half_open: int, new_clients: int = 20) -> dict:
@@ -105,7 +122,7 @@ async def slowloris(port: int, half_open: int, new_clients: int = 20) -> dict:
     for _ in range(half_open):
         try:
             reader, writer = await asyncio.wait_for(asyncio.open_connection("127.0.0.1", port), 10)
-        except (OSError, asyncio.TimeoutError):
+        except (TimeoutError, OSError):
             refused_at_connect += 1
             continue
         writer.write(b"GET /api/search HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: ")
@@ -126,16 +143,21 @@ async def slowloris(port: int, half_open: int, new_clients: int = 20) -> dict:
         if not r.at_eof():
             try:
                 await asyncio.wait_for(r.read(1), 0.001)
-            except (OSError, asyncio.TimeoutError):
+            except (TimeoutError, OSError):
                 pass
     closed = sum(r.at_eof() for r, _ in conns)
     dripping.cancel()
     for _, writer in conns:
         writer.close()
     served = [s for code, s in answers if code == 200]
-    return {"half_open": len(conns), "refused_at_connect": refused_at_connect, "new_clients": new_clients,
-            "new_served": len(served), "new_max_s": max(served, default=float("nan")),
-            "half_open_closed_after_12s": closed}
+    return {
+        "half_open": len(conns),
+        "refused_at_connect": refused_at_connect,
+        "new_clients": new_clients,
+        "new_served": len(served),
+        "new_max_s": max(served, default=float("nan")),
+        "half_open_closed_after_12s": closed,
+    }
 
 
 def main() -> None:
@@ -171,19 +193,27 @@ def main() -> None:
         print(json.dumps(results, indent=1))
         return
     h = results["heavy_queue"]
-    print(f"heavy queue: {args.clients} cheap clients (mean pause {args.think:g} s) for {args.seconds:g} s, "
-          f"{args.heavy} heavy estimates at once (bound: 1 running + {HEAVY_QUEUE} waiting)")
-    print(f"  cheap: {h['cheap_requests']} requests, p50 {h['cheap_p50_s'] * 1000:.0f} ms, p99 "
-          f"{h['cheap_p99_s'] * 1000:.0f} ms, max {h['cheap_max_s'] * 1000:.0f} ms, errors {h['cheap_errors']}"
-          f"   (target: p99 < 1000 ms, no errors)")
-    print(f"  heavy: {h['heavy_503']} refused with 503 (slowest refusal {h['heavy_503_max_s'] * 1000:.0f} ms), "
-          f"{h['heavy_200']} answered 200 (last after {h['heavy_200_max_s']:.1f} s), errors {h['heavy_errors']}")
+    print(
+        f"heavy queue: {args.clients} cheap clients (mean pause {args.think:g} s) for {args.seconds:g} s, "
+        f"{args.heavy} heavy estimates at once (bound: 1 running + {HEAVY_QUEUE} waiting)"
+    )
+    print(
+        f"  cheap: {h['cheap_requests']} requests, p50 {h['cheap_p50_s'] * 1000:.0f} ms, p99 "
+        f"{h['cheap_p99_s'] * 1000:.0f} ms, max {h['cheap_max_s'] * 1000:.0f} ms, errors {h['cheap_errors']}"
+        f"   (target: p99 < 1000 ms, no errors)"
+    )
+    print(
+        f"  heavy: {h['heavy_503']} refused with 503 (slowest refusal {h['heavy_503_max_s'] * 1000:.0f} ms), "
+        f"{h['heavy_200']} answered 200 (last after {h['heavy_200_max_s']:.1f} s), errors {h['heavy_errors']}"
+    )
     for key, label in (("slowloris", "default file limit"), ("slowloris_1024_files", "server limited to 1,024 files")):
         s = results[key]
-        print(f"slowloris, {label}: {s['half_open']} half-open connections ({s['refused_at_connect']} not "
-              f"connected); new clients served {s['new_served']}/{s['new_clients']} (slowest "
-              f"{s['new_max_s'] * 1000:.0f} ms); half-open closed by the server after 12 s: "
-              f"{s['half_open_closed_after_12s']}")
+        print(
+            f"slowloris, {label}: {s['half_open']} half-open connections ({s['refused_at_connect']} not "
+            f"connected); new clients served {s['new_served']}/{s['new_clients']} (slowest "
+            f"{s['new_max_s'] * 1000:.0f} ms); half-open closed by the server after 12 s: "
+            f"{s['half_open_closed_after_12s']}"
+        )
 
 
 if __name__ == "__main__":

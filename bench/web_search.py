@@ -20,9 +20,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-URLS = ["/", "/?q=" + urllib.parse.quote("params<1e8 and family=timm") + "&sort=-params",
-        "/?q=" + urllib.parse.quote("name~'*vit*'") + "&sort=flops&page=2",
-        "/api/search?q=" + urllib.parse.quote("flops<5G") + "&sort=-params"]
+URLS = [
+    "/",
+    "/?q=" + urllib.parse.quote("params<1e8 and family=timm") + "&sort=-params",
+    "/?q=" + urllib.parse.quote("name~'*vit*'") + "&sort=flops&page=2",
+    "/api/search?q=" + urllib.parse.quote("flops<5G") + "&sort=-params",
+]
 
 
 def main() -> None:
@@ -53,9 +56,11 @@ def main() -> None:
             if i >= 2:
                 app_ms.append(timing)
                 wall_ms.append((time.perf_counter() - start) * 1000)
-        q = lambda xs, f: statistics.quantiles(xs, n=10)[8] if f == 90 else statistics.median(xs)  # noqa: E731
-        print(f"  {url[:70]:70s} server {q(app_ms, 50):6.1f} / {q(app_ms, 90):6.1f} ms   "
-              f"wall {q(wall_ms, 50):6.1f} / {q(wall_ms, 90):6.1f} ms   {size / 1024:6.0f} KiB")
+        q = lambda xs, f: statistics.quantiles(xs, n=10)[8] if f == 90 else statistics.median(xs)  # noqa: E731 - a one-line helper
+        print(
+            f"  {url[:70]:70s} server {q(app_ms, 50):6.1f} / {q(app_ms, 90):6.1f} ms   "
+            f"wall {q(wall_ms, 50):6.1f} / {q(wall_ms, 90):6.1f} ms   {size / 1024:6.0f} KiB"
+        )
     server.should_exit = True
 
 

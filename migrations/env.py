@@ -23,8 +23,9 @@ def _url() -> str:
 def _migrate(connection) -> None:
     # batch mode: SQLite alters tables by copying them, and alembic does that for us
     # include_name: the per-backend search indexes of 0005 are not in the ORM metadata (zoo.registry.tables)
-    context.configure(connection=connection, target_metadata=target_metadata, render_as_batch=True,
-                      include_name=compared)
+    context.configure(
+        connection=connection, target_metadata=target_metadata, render_as_batch=True, include_name=compared
+    )
     with context.begin_transaction():
         context.run_migrations()
 

@@ -124,8 +124,9 @@ def run_cli(*args, registry: str | None = None, check: bool = True, timeout: int
     if registry:
         env["ZOO_REGISTRY"] = registry.removeprefix("sqlite:///")
     env.update(env_extra or {})
-    proc = subprocess.run([sys.executable, "-m", "zoo.cli", *args], capture_output=True, text=True,
-                          env=env, timeout=timeout, cwd=ROOT)
+    proc = subprocess.run(
+        [sys.executable, "-m", "zoo.cli", *args], capture_output=True, text=True, env=env, timeout=timeout, cwd=ROOT
+    )
     if check and proc.returncode != 0:
         raise AssertionError(f"zoo {' '.join(args)} exited {proc.returncode}:\n{proc.stdout}\n{proc.stderr}")
     return proc

@@ -4,11 +4,11 @@ own so that ranks started with torch.multiprocessing import it without importing
 
 import os
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
 from functools import partial
 from pathlib import Path
-from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -23,16 +23,28 @@ SHIPPED = str(ROOT / "registry.db")
 # The tiny transformers models are saved under these directory names; `zoo index hf DIR` names a row after
 # its directory, so both are indexed in one call.
 LLAMA, MOE = "hf/dropin-llama", "hf/dropin-mixtral"
-MIXTRAL = dict(hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
-               num_key_value_heads=2, vocab_size=128, max_position_embeddings=256, num_local_experts=4,
-               num_experts_per_tok=2, output_router_logits=True, tie_word_embeddings=False)  # the router's loss too
+MIXTRAL = dict(
+    hidden_size=64,
+    intermediate_size=96,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    vocab_size=128,
+    max_position_embeddings=256,
+    num_local_experts=4,
+    num_experts_per_tok=2,
+    output_router_logits=True,
+    tie_word_embeddings=False,
+)  # the router's loss too
 
 
 # --- the sample: inputs and losses ------------------------------------------------------------------------
 
+
 def _images(size: int, batch: int = 2):
     def make(gen):
         return torch.randn(batch, 3, size, size, generator=gen), torch.randint(0, 1000, (batch,), generator=gen)
+
     return make
 
 
@@ -83,19 +95,33 @@ class Case:
     kwargs: tuple = ()  # zoo.get kwargs, the same given to the library's builder
 
 
-CASES = {c.name: c for c in [
-    Case("timm/resnet18", "layer1", _images(128), _classify),
-    Case("torchvision/mobilenet_v3_small", "features.1", _images(128), _classify),
-    Case("timm/vit_tiny_patch16_224", "blocks.0", _images(224), _classify),
-    Case("timm/swin_tiny_patch4_window7_224", "layers.0", _images(224, batch=1), _classify),
-    # resized to 128 pixels, not 800, and fewer proposals and sampled boxes: minutes on 2 cores otherwise
-    Case("torchvision/fasterrcnn_mobilenet_v3_large_fpn", "backbone.body", _detection_batch, _detect,
-         (("min_size", 128), ("max_size", 160), ("rpn_pre_nms_top_n_train", 300), ("rpn_post_nms_top_n_train", 300),
-          ("rpn_batch_size_per_image", 64), ("box_batch_size_per_image", 64))),
-    Case("torchvision/lraspp_mobilenet_v3_large", "classifier", _segmentation_batch, _segment),
-    Case(LLAMA, "model.layers.0", _tokens, _causal_lm),
-    Case(MOE, "model.layers.0.mlp", _tokens, _causal_lm),
-]}
+CASES = {
+    c.name: c
+    for c in [
+        Case("timm/resnet18", "layer1", _images(128), _classify),
+        Case("torchvision/mobilenet_v3_small", "features.1", _images(128), _classify),
+        Case("timm/vit_tiny_patch16_224", "blocks.0", _images(224), _classify),
+        Case("timm/swin_tiny_patch4_window7_224", "layers.0", _images(224, batch=1), _classify),
+        # resized to 128 pixels, not 800, and fewer proposals and sampled boxes: minutes on 2 cores otherwise
+        Case(
+            "torchvision/fasterrcnn_mobilenet_v3_large_fpn",
+            "backbone.body",
+            _detection_batch,
+            _detect,
+            (
+                ("min_size", 128),
+                ("max_size", 160),
+                ("rpn_pre_nms_top_n_train", 300),
+                ("rpn_post_nms_top_n_train", 300),
+                ("rpn_batch_size_per_image", 64),
+                ("box_batch_size_per_image", 64),
+            ),
+        ),
+        Case("torchvision/lraspp_mobilenet_v3_large", "classifier", _segmentation_batch, _segment),
+        Case(LLAMA, "model.layers.0", _tokens, _causal_lm),
+        Case(MOE, "model.layers.0.mlp", _tokens, _causal_lm),
+    ]
+}
 
 
 def part(model: nn.Module, case: Case) -> nn.Module:
@@ -103,6 +129,7 @@ def part(model: nn.Module, case: Case) -> nn.Module:
 
 
 # --- building: the library's own model, its saved weights, and the zoo model loaded from them ------------
+
 
 def hf_config(name: str):
     import transformers
@@ -126,8 +153,9 @@ class Sample:
             return transformers.AutoModelForCausalLM.from_config(hf_config(name))
         if not kwargs:
             return eager_model(name)
-        from tests.test_whole_zoo import _no_backbone
         from torchvision.models import get_model
+
+        from tests.test_whole_zoo import _no_backbone
 
         family, builder = name.split("/", 1)
         assert family == "torchvision"
@@ -224,8 +252,15 @@ def step_loss(model, case: Case, step: int, rank: int = 0, dtype: torch.dtype | 
     return case.loss(model, batch)
 
 
-def train(model, case: Case, optimizer: str = "adamw", steps: int = 3, rank: int = 0,
-          dtype: torch.dtype | None = None, autocast: bool = False):
+def train(
+    model,
+    case: Case,
+    optimizer: str = "adamw",
+    steps: int = 3,
+    rank: int = 0,
+    dtype: torch.dtype | None = None,
+    autocast: bool = False,
+):
     """`steps` optimizer steps in train mode (the forward under bf16 autocast if asked, inputs cast to
     dtype if given); returns the losses and the optimizer."""
     opt = OPTIMIZERS[optimizer](model.parameters())
@@ -264,11 +299,16 @@ def differing(got: dict, want: dict) -> list[str]:
 
 def optimizer_tensors(opt) -> dict:
     """Every tensor of an optimizer's state (steps, moments, momentum buffers), by parameter index."""
-    return {f"{i}.{k}": v for i, state in opt.state_dict()["state"].items() for k, v in state.items()
-            if isinstance(v, torch.Tensor)}
+    return {
+        f"{i}.{k}": v
+        for i, state in opt.state_dict()["state"].items()
+        for k, v in state.items()
+        if isinstance(v, torch.Tensor)
+    }
 
 
 # --- spawned ranks --------------------------------------------------------------------------------------
+
 
 def _full(t):
     return (t.full_tensor() if hasattr(t, "full_tensor") else t).detach().clone()
@@ -344,23 +384,28 @@ def sequence_parallel_plan(model) -> dict:
     sharded on the sequence dim (Shard(1)), gathered before attention and the MLP, scattered after them; the
     embedding row-wise and the head column-wise, which unties the tied pair (each is distributed apart)."""
     from torch.distributed.tensor import Replicate, Shard
-    from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput, RowwiseParallel,
-                                                   SequenceParallel)
+    from torch.distributed.tensor.parallel import ColwiseParallel, PrepareModuleInput, RowwiseParallel, SequenceParallel
 
-    plan = {"model.embed_tokens": RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1),
-                                                  use_local_output=False),
-            "model.norm": SequenceParallel(),
-            "lm_head": ColwiseParallel(input_layouts=Shard(1), output_layouts=Replicate())}
+    plan = {
+        "model.embed_tokens": RowwiseParallel(
+            input_layouts=Replicate(), output_layouts=Shard(1), use_local_output=False
+        ),
+        "model.norm": SequenceParallel(),
+        "lm_head": ColwiseParallel(input_layouts=Shard(1), output_layouts=Replicate()),
+    }
     for i in range(len(model.model.layers)):
         layer = f"model.layers.{i}"
         plan |= {f"{layer}.{norm}": SequenceParallel() for norm in ("input_layernorm", "post_attention_layernorm")}
-        plan[f"{layer}.self_attn"] = PrepareModuleInput(input_kwarg_layouts={"hidden_states": Shard(1)},
-                                                        desired_input_kwarg_layouts={"hidden_states": Replicate()})
+        plan[f"{layer}.self_attn"] = PrepareModuleInput(
+            input_kwarg_layouts={"hidden_states": Shard(1)}, desired_input_kwarg_layouts={"hidden_states": Replicate()}
+        )
         plan[f"{layer}.mlp"] = PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),))
         plan |= {f"{layer}.self_attn.{p}": ColwiseParallel() for p in ("q_proj", "k_proj", "v_proj")}
         plan |= {f"{layer}.mlp.{p}": ColwiseParallel() for p in ("gate_proj", "up_proj")}
-        plan |= {f"{layer}.{p}": RowwiseParallel(output_layouts=Shard(1), use_local_output=False)
-                 for p in ("self_attn.o_proj", "mlp.down_proj")}
+        plan |= {
+            f"{layer}.{p}": RowwiseParallel(output_layouts=Shard(1), use_local_output=False)
+            for p in ("self_attn.o_proj", "mlp.down_proj")
+        }
     return plan
 
 
@@ -370,8 +415,10 @@ def mlp_plan(model) -> dict:
     from torch.distributed.tensor import Replicate
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
 
-    plan = {"model.embed_tokens": RowwiseParallel(input_layouts=Replicate()),  # the token ids, whole on every rank
-            "lm_head": ColwiseParallel(output_layouts=Replicate())}
+    plan = {
+        "model.embed_tokens": RowwiseParallel(input_layouts=Replicate()),  # the token ids, whole on every rank
+        "lm_head": ColwiseParallel(output_layouts=Replicate()),
+    }
     for i in range(len(model.model.layers)):
         plan |= {f"model.layers.{i}.mlp.{p}": ColwiseParallel() for p in ("gate_proj", "up_proj")}
         plan[f"model.layers.{i}.mlp.down_proj"] = RowwiseParallel()
@@ -412,10 +459,15 @@ def _fsdp_tp(sample: Sample, name: str, rank: int, side: str) -> dict:
 
 DDP_MODELS = ["torchvision/mobilenet_v3_small", LLAMA]
 FSDP_MODELS = ["timm/vit_tiny_patch16_224", "torchvision/mobilenet_v3_small", LLAMA]  # BatchNorm trains sharded
-TWO_RANK_CHECKS = ([(f"ddp-{n}", _ddp, n) for n in DDP_MODELS] + [(f"fsdp-{n}", _fsdp, n) for n in FSDP_MODELS]
-                   + [(f"tp-{LLAMA}", _tp, LLAMA), (f"sp-{LLAMA}", partial(_tp, plan=sequence_parallel_plan), LLAMA)])
-FOUR_RANK_CHECKS = [(f"fsdp_tp-{LLAMA}", _fsdp_tp, LLAMA),
-                    (f"tp4-{LLAMA}", partial(_tp, world=4, plan=mlp_plan), LLAMA)]
+TWO_RANK_CHECKS = (
+    [(f"ddp-{n}", _ddp, n) for n in DDP_MODELS]
+    + [(f"fsdp-{n}", _fsdp, n) for n in FSDP_MODELS]
+    + [(f"tp-{LLAMA}", _tp, LLAMA), (f"sp-{LLAMA}", partial(_tp, plan=sequence_parallel_plan), LLAMA)]
+)
+FOUR_RANK_CHECKS = [
+    (f"fsdp_tp-{LLAMA}", _fsdp_tp, LLAMA),
+    (f"tp4-{LLAMA}", partial(_tp, world=4, plan=mlp_plan), LLAMA),
+]
 
 
 def label(check: str, side: str) -> str:
@@ -427,12 +479,15 @@ def ranks_main(rank: int, world: int, init_file: str, root: str, hf_url: str, ou
     import torch.distributed as dist
 
     torch.set_num_threads(1)  # the ranks share two cores
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world,
-                            timeout=timedelta(seconds=120))  # a rank stuck in a collective fails, not hangs
+    dist.init_process_group(
+        "gloo", init_method=f"file://{init_file}", rank=rank, world_size=world, timeout=timedelta(seconds=120)
+    )  # a rank stuck in a collective fails, not hangs
     try:
         sample = Sample(root, hf_url)
         for check, fn, name in TWO_RANK_CHECKS if world == 2 else FOUR_RANK_CHECKS:
             for side in ("eager", "zoo"):
-                _run(label(check, side), out_dir, rank, lambda: fn(sample, name, rank, side))
+                _run(
+                    label(check, side), out_dir, rank, lambda fn=fn, name=name, side=side: fn(sample, name, rank, side)
+                )
     finally:
         dist.destroy_process_group()

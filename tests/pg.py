@@ -34,8 +34,9 @@ class Unavailable(RuntimeError):
 def _bin(name: str) -> str:
     found = sorted(glob.glob(f"/usr/lib/postgresql/*/bin/{name}"))
     if not found:
-        raise Unavailable(f"no PostgreSQL server binaries (/usr/lib/postgresql/*/bin/{name}): "
-                          f"apt-get install postgresql")
+        raise Unavailable(
+            f"no PostgreSQL server binaries (/usr/lib/postgresql/*/bin/{name}): apt-get install postgresql"
+        )
     return found[-1]
 
 
@@ -97,7 +98,9 @@ class Server:
             try:
                 shutil.chown(self.root, "postgres", "postgres")
             except (LookupError, OSError) as e:
-                raise Unavailable(f"running as root and there is no `postgres` user to run the server as ({e})")
+                raise Unavailable(
+                    f"running as root and there is no `postgres` user to run the server as ({e})"
+                ) from None
             self.as_user = ["runuser", "-u", "postgres", "--"]
         self.port = _free_port()
         self._names = itertools.count()
@@ -124,18 +127,36 @@ class Server:
             os._exit(1)
 
     def start(self) -> "Server":
-        self._run(_bin("initdb"), "-D", self.data, "--auth=trust", "--username=postgres", "--encoding=UTF8",
-                  "--locale=C.UTF-8")
+        self._run(
+            _bin("initdb"),
+            "-D",
+            self.data,
+            "--auth=trust",
+            "--username=postgres",
+            "--encoding=UTF8",
+            "--locale=C.UTF-8",
+        )
         options = ["-p", str(self.port)]
-        for setting in ("listen_addresses=127.0.0.1", f"unix_socket_directories={self.root}", "max_connections=400",
-                        "fsync=off", "synchronous_commit=off", "full_page_writes=off"):
+        for setting in (
+            "listen_addresses=127.0.0.1",
+            f"unix_socket_directories={self.root}",
+            "max_connections=400",
+            "fsync=off",
+            "synchronous_commit=off",
+            "full_page_writes=off",
+        ):
             options += ["-c", setting]
         if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
             signal.signal(signal.SIGTERM, _on_sigterm)
         parent = os.getpid()
         with open(os.path.join(self.root, "log"), "ab") as log:
-            self.process = subprocess.Popen([_bin("postgres"), "-D", self.data, *options], stdin=subprocess.DEVNULL,
-                                            stdout=log, stderr=log, preexec_fn=lambda: self._as_server(parent))
+            self.process = subprocess.Popen(
+                [_bin("postgres"), "-D", self.data, *options],
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=log,
+                preexec_fn=lambda: self._as_server(parent),
+            )
         _running.append(self)
         deadline = time.monotonic() + 60
         while True:  # what pg_ctl -w did: wait until it takes connections
@@ -149,13 +170,14 @@ class Server:
                 time.sleep(0.1)
         with self.admin() as conn:
             conn.execute(f"CREATE ROLE {USER} LOGIN SUPERUSER PASSWORD '{PASSWORD}'")
-            conn.execute(f"CREATE DATABASE {TEMPLATE} TEMPLATE template0 LOCALE_PROVIDER icu ICU_LOCALE 'en-US' "
-                         f"LOCALE 'C.UTF-8' ENCODING 'UTF8'")
+            conn.execute(
+                f"CREATE DATABASE {TEMPLATE} TEMPLATE template0 LOCALE_PROVIDER icu ICU_LOCALE 'en-US' "
+                f"LOCALE 'C.UTF-8' ENCODING 'UTF8'"
+            )
         return self
 
     def admin(self):
-        return psycopg.connect(host="127.0.0.1", port=self.port, user="postgres", dbname="postgres",
-                               autocommit=True)
+        return psycopg.connect(host="127.0.0.1", port=self.port, user="postgres", dbname="postgres", autocommit=True)
 
     def url(self, database: str) -> str:
         return f"postgresql+psycopg://{USER}:{PASSWORD}@127.0.0.1:{self.port}/{database}"

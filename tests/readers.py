@@ -24,8 +24,11 @@ def torn(info) -> str | None:
     if table is None:
         return "no tensor table"
     own = [t for t in table if t.tied_to is None]
-    if info.tensors != len(own) or info.bytes != sum(t.bytes for t in own) or info.params != sum(
-            t.numel for t in own if t.kind == "parameter"):
+    if (
+        info.tensors != len(own)
+        or info.bytes != sum(t.bytes for t in own)
+        or info.params != sum(t.numel for t in own if t.kind == "parameter")
+    ):
         return f"row says {info.params} params in {info.tensors} tensors; its table {len(own)} tensors"
     return None
 
@@ -68,12 +71,21 @@ def reader(url: str, done: str, with_get: bool) -> dict:
     calls = {op: len(times) for op, times in latencies.items()}
     for times in latencies.values():  # the first call imports (torch, for get): not what a warm reader waits
         del times[:1]
-    return {"calls": calls, "latencies": latencies, "errors": errors[:5], "error_count": len(errors), "torn": torn_reads[:5],
-            "torn_count": len(torn_reads)}
+    return {
+        "calls": calls,
+        "latencies": latencies,
+        "errors": errors[:5],
+        "error_count": len(errors),
+        "torn": torn_reads[:5],
+        "torn_count": len(torn_reads),
+    }
 
 
 if __name__ == "__main__":
     role, url = sys.argv[1], sys.argv[2]
-    out = writer(url, int(sys.argv[3]), sys.argv[4]) if role == "writer" else reader(url, sys.argv[3],
-                                                                                     "get" in sys.argv[4:])
+    out = (
+        writer(url, int(sys.argv[3]), sys.argv[4])
+        if role == "writer"
+        else reader(url, sys.argv[3], "get" in sys.argv[4:])
+    )
     print(json.dumps(out))

@@ -73,8 +73,10 @@ def state(url: str) -> dict:
     out = {}
     for row in registry.search("family=user", fields=("name",)):
         info = registry.info(row["name"])
-        out[info.name] = {"tags": sorted(w["tag"] for w in info.weights),
-                          "runs": len(recorded_runs(registry, info.name))}
+        out[info.name] = {
+            "tags": sorted(w["tag"] for w in info.weights),
+            "runs": len(recorded_runs(registry, info.name)),
+        }
     return out
 
 

@@ -26,21 +26,34 @@ ROUNDING = 0.0005e9  # _ops is published with 3 decimals (GMACs): half a unit in
 # Where the recorded model differs from the one torchvision measured, for a reason each test below checks.
 # The registry builds every model with weights=None; torchvision measured the model its weights build.
 SEGMENTATION_AUX = {  # weights build the auxiliary FCN head (aux_loss=True); weights=None does not
-    "deeplabv3_mobilenet_v3_large", "deeplabv3_resnet50", "deeplabv3_resnet101", "fcn_resnet50", "fcn_resnet101",
+    "deeplabv3_mobilenet_v3_large",
+    "deeplabv3_resnet50",
+    "deeplabv3_resnet101",
+    "fcn_resnet50",
+    "fcn_resnet101",
 }
 GOOGLENET_AUX = {  # weights=None keeps the builder's aux_logits=True; the weights' model drops both aux heads
-    "googlenet", "quantized_googlenet",                # (training-only: eval FLOPs agree, parameters do not)
+    "googlenet",
+    "quantized_googlenet",  # (training-only: eval FLOPs agree, parameters do not)
 }
 VIT_IMAGE_SIZE = {"vit_h_14"}  # its weights set image_size=518; weights=None builds the 224 model
 # Detection: weights make the backbone's norms FrozenBatchNorm2d (weight and bias as buffers);
 # weights=None gives BatchNorm2d, whose weight and bias are parameters. And its forward cannot run
 # on meta (data-dependent post-processing), so no FLOPs are recorded: the row says why.
 DETECTION_FROZEN_NORMS = {
-    "fasterrcnn_mobilenet_v3_large_320_fpn", "fasterrcnn_mobilenet_v3_large_fpn", "fasterrcnn_resnet50_fpn",
-    "fcos_resnet50_fpn", "keypointrcnn_resnet50_fpn", "maskrcnn_resnet50_fpn", "retinanet_resnet50_fpn",
+    "fasterrcnn_mobilenet_v3_large_320_fpn",
+    "fasterrcnn_mobilenet_v3_large_fpn",
+    "fasterrcnn_resnet50_fpn",
+    "fcos_resnet50_fpn",
+    "keypointrcnn_resnet50_fpn",
+    "maskrcnn_resnet50_fpn",
+    "retinanet_resnet50_fpn",
 }
 DETECTION = DETECTION_FROZEN_NORMS | {  # the v2 models and SSD use BatchNorm2d either way: parameters agree
-    "fasterrcnn_resnet50_fpn_v2", "maskrcnn_resnet50_fpn_v2", "retinanet_resnet50_fpn_v2", "ssd300_vgg16",
+    "fasterrcnn_resnet50_fpn_v2",
+    "maskrcnn_resnet50_fpn_v2",
+    "retinanet_resnet50_fpn_v2",
+    "ssd300_vgg16",
     "ssdlite320_mobilenet_v3_large",
 }
 
@@ -94,8 +107,13 @@ def test_recorded_macs_and_params_agree_with_torchvision(builder):
         from zoo.build import build_meta
 
         module = build_meta(Recipe("torchvision", builder))
-        bn_affine = sum(p.numel() for m in module.backbone.modules() if isinstance(m, nn.BatchNorm2d)
-                        for p in (m.weight, m.bias) if p is not None)
+        bn_affine = sum(
+            p.numel()
+            for m in module.backbone.modules()
+            if isinstance(m, nn.BatchNorm2d)
+            for p in (m.weight, m.bias)
+            if p is not None
+        )
         assert record["params"] - num_params == bn_affine != 0
         return
     assert record["scan_status"] == "ok", record["scan_error"]
@@ -134,8 +152,9 @@ def test_search_by_flops(zoo_at):
     found = {i.name for i in zoo_at.search("flops<5G and params<30M", limit=None)}
     assert found == expected and "timm/resnet18" in found and "timm/vit_tiny_patch16_224" in found
     assert "timm/swin_tiny_patch4_window7_224" not in found  # 8.9 GFLOPs
-    assert {i.name for i in zoo_at.search(zoo_at.F.macs >= 1e9, limit=None)} == \
-        {i.name for i in everything if i.macs is not None and i.macs >= 1e9}
+    assert {i.name for i in zoo_at.search(zoo_at.F.macs >= 1e9, limit=None)} == {
+        i.name for i in everything if i.macs is not None and i.macs >= 1e9
+    }
     ordered = [i.flops for i in zoo_at.search("flops>0", order_by="-flops", limit=None)]
     assert ordered == sorted(ordered, reverse=True) and len(ordered) >= 6
     small = zoo_at.search("peak_activation_bytes<10MB and train_activation_bytes>1MB", limit=None)
@@ -446,8 +465,9 @@ def test_estimate_is_within_15_percent_of_the_real_cpu_peak(zoo_at, name, batch,
     reference = _real_peak_memtracker(real, inputs, training, "adamw")
     assert abs(got.total - reference) <= 0.15 * reference, (got, reference)
     # The same step on real tensors through zoo's own tracker: meta allocates as the CPU does.
-    real_parts = measure_step(build_real(Recipe(family, builder), "cpu"), inputs, {}, training,
-                              "adamw" if training else None)
+    real_parts = measure_step(
+        build_real(Recipe(family, builder), "cpu"), inputs, {}, training, "adamw" if training else None
+    )
     assert abs(got.total - real_parts["total"]) <= 0.05 * real_parts["total"]
     assert got.weights == real_parts["weights"] and got.optimizer_states == real_parts["optimizer_states"]
     assert got.total <= got.upper_bound
@@ -498,11 +518,19 @@ def test_live_bytes_counts_views_once_and_frees_on_death():
 
 
 def test_show_prints_the_analysis_without_importing_torch(small_registry):
-    code = ("import sys, zoo.cli; zoo.cli.main(['show', 'timm/resnet18']); "
-            "assert 'torch' not in sys.modules, 'show imported torch'")
+    code = (
+        "import sys, zoo.cli; zoo.cli.main(['show', 'timm/resnet18']); "
+        "assert 'torch' not in sys.modules, 'show imported torch'"
+    )
     env_registry = small_registry.removeprefix("sqlite:///")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120,
-                         env={**__import__("os").environ, "ZOO_REGISTRY": env_registry, "PYTHONPATH": str(ROOT)})
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=120,
+        env={**__import__("os").environ, "ZOO_REGISTRY": env_registry, "PYTHONPATH": str(ROOT)},
+    )
     assert out.returncode == 0, out.stderr
     assert "3.63 GFLOPs (1.81 GMACs)" in out.stdout and "saved for backward" in out.stdout
     shown = cli_json("show", "timm/resnet18", registry=small_registry)
@@ -524,19 +552,38 @@ def test_show_tree(small_registry):
     conv = next(m for m in full["modules"] if m["name"] == "layer2.0.conv1")
     assert conv["outputs"] == [["", [1, 128, 28, 28], "float32"]] and conv["params"] == 64 * 128 * 9
     assert conv["bytes"] == conv["params"] * 4 and conv["depth"] == 3
-    assert max(m["depth"] for m in cli_json("show", "timm/resnet18", "--tree", "--depth", "2",
-                                            registry=small_registry)["modules"]) == 2
-    det = run_cli("show", "torchvision/fasterrcnn_mobilenet_v3_large_fpn", "--tree", "--depth", "1",
-                  registry=small_registry).stdout
+    assert (
+        max(
+            m["depth"]
+            for m in cli_json("show", "timm/resnet18", "--tree", "--depth", "2", registry=small_registry)["modules"]
+        )
+        == 2
+    )
+    det = run_cli(
+        "show", "torchvision/fasterrcnn_mobilenet_v3_large_fpn", "--tree", "--depth", "1", registry=small_registry
+    ).stdout
     assert "backbone BackboneWithFPN" in det and "(stopped inside)" in det and "(not called)" in det
     assert "the forward stopped on meta: NotImplementedError" in det
     tied = run_cli("show", "user/tied", "--tree", registry=small_registry).stdout  # no input spec: sizes only
-    assert "embed Embedding  256 params, 1.0 KiB  (not called)" in tied and "no forward: this module has no recorded input" in tied
+    assert (
+        "embed Embedding  256 params, 1.0 KiB  (not called)" in tied
+        and "no forward: this module has no recorded input" in tied
+    )
 
 
 def test_estimate_cli(small_registry):
-    got = cli_json("estimate", "timm/vit_tiny_patch16_224", "--batch", "2", "--dtype", "bf16", "--training",
-                   "--optimizer", "adamw", registry=small_registry)
+    got = cli_json(
+        "estimate",
+        "timm/vit_tiny_patch16_224",
+        "--batch",
+        "2",
+        "--dtype",
+        "bf16",
+        "--training",
+        "--optimizer",
+        "adamw",
+        registry=small_registry,
+    )
     assert got["batch"] == 2 and got["dtype"] == "bfloat16" and got["training"] and got["optimizer"] == "adamw"
     assert got["total"] <= got["upper_bound"]
     assert got["total"] >= got["weights"] + got["optimizer_states"] + got["activations"]

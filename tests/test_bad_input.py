@@ -18,7 +18,13 @@ from safetensors.torch import save_file
 import zoo
 from tests.conftest import ROOT, run_cli
 from zoo.errors import (
-    CheckpointError, InvalidArgument, InvalidRecipe, ModelExists, RegistryError, RegistryNotFound, SchemaOutdated,
+    CheckpointError,
+    InvalidArgument,
+    InvalidRecipe,
+    ModelExists,
+    RegistryError,
+    RegistryNotFound,
+    SchemaOutdated,
     UntrustedBuilder,
 )
 from zoo.registry import db, store
@@ -56,6 +62,7 @@ def _tied_weights(tmp_path) -> str:
 
 
 # --- 9. re-indexing keeps what was recorded -----------------------------------------------------
+
 
 def test_9_reindexing_a_model_keeps_its_weights_tags(writable, tmp_path):
     registry = zoo.connect(writable)
@@ -112,6 +119,7 @@ def test_a_tag_file_swapped_after_its_check_is_refused_not_loaded(writable, tmp_
 
 # --- 10. a name is never replaced silently; the standard library is no builder ------------------
 
+
 def test_10_another_familys_model_is_not_replaced_without_force(writable, tmp_path):
     registry = zoo.connect(writable)
     registry.add_weights("user/tied", _tied_weights(tmp_path), tag="mine")
@@ -121,8 +129,9 @@ def test_10_another_familys_model_is_not_replaced_without_force(writable, tmp_pa
     with pytest.raises(ModelExists, match=r"builder tests.builders:tied_net.* weights tags mine"):
         registry.index_builder("tests.builders:shipped_weights_net", "tied", {"path": "x"})
     assert registry.info("user/tied").builder == "tests.builders:tied_net"
-    proc = run_cli("index", "builder", "tests.builders:tied_net", "--name", "timm/resnet18", registry=writable,
-                   check=False)
+    proc = run_cli(
+        "index", "builder", "tests.builders:tied_net", "--name", "timm/resnet18", registry=writable, check=False
+    )
     assert proc.returncode == 1 and "would replace it" in proc.stderr
     _no_traceback(proc)
     replaced = registry.index_builder("tests.builders:tied_net", "timm/resnet18", force=True)
@@ -142,6 +151,7 @@ def test_10_standard_library_callables_are_no_builders(tmp_path, builder):
 
 # --- 11. tags ---------------------------------------------------------------------------------------
 
+
 def test_11_a_tag_with_a_dot_is_a_tag_before_it_is_a_path(writable, tmp_path):
     registry = zoo.connect(writable)
     path = _tied_weights(tmp_path)
@@ -158,12 +168,16 @@ def test_11_a_tag_with_a_dot_is_a_tag_before_it_is_a_path(writable, tmp_path):
 
 # --- 12. registry files -------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("kind, meaning", [
-    ("text file", "not a SQLite database"),
-    ("directory", "cannot be opened"),
-    ("unknown dialect", "not a registry URL"),
-    ("unreachable server", "cannot be reached"),
-])
+
+@pytest.mark.parametrize(
+    "kind, meaning",
+    [
+        ("text file", "not a SQLite database"),
+        ("directory", "cannot be opened"),
+        ("unknown dialect", "not a registry URL"),
+        ("unreachable server", "cannot be reached"),
+    ],
+)
 def test_12_a_registry_that_cannot_be_opened_is_a_registry_error(tmp_path, kind, meaning):
     if kind == "text file":
         (tmp_path / "notes.db").write_text("not a database at all, but long enough to have a header" * 20)
@@ -232,8 +246,12 @@ def test_12_an_older_registry_refuses_writes_without_switching_its_journal(tmp_p
 
 def test_12_write_commands_never_create_a_registry_only_index_and_upgrade_do(tmp_path, small_registry):
     missing = tmp_path / "missing.db"
-    for args in (("rm", "timm/resnet18"), ("weights", "add", "timm/resnet18", "w.safetensors"), ("db", "compact"),
-                 ("search", "params<1")):
+    for args in (
+        ("rm", "timm/resnet18"),
+        ("weights", "add", "timm/resnet18", "w.safetensors"),
+        ("db", "compact"),
+        ("search", "params<1"),
+    ):
         proc = run_cli(*args, "--registry", str(missing), check=False)
         assert proc.returncode == 1 and "no registry at" in proc.stderr, (args, proc.stderr)
         _no_traceback(proc)
@@ -246,13 +264,16 @@ def test_12_write_commands_never_create_a_registry_only_index_and_upgrade_do(tmp
     assert "created" in upgraded.stdout
 
 
-@pytest.mark.parametrize("args, message", [
-    (("rm", "timm/no_such_model"), "no model named"),
-    (("index", "builder", "tests.builders:tied_net", "--name", "timm/resnet18"), "would replace it"),
-    (("index", "checkpoint", "/no/such/file.safetensors"), "no such"),
-    (("db", "upgrade", "--revision", "nosuch"), "no schema revision"),
-    (("weights", "add", "user/tied", "/no/such/file.safetensors", "--tag", "constructor"), "weights tag"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (("rm", "timm/no_such_model"), "no model named"),
+        (("index", "builder", "tests.builders:tied_net", "--name", "timm/resnet18"), "would replace it"),
+        (("index", "checkpoint", "/no/such/file.safetensors"), "no such"),
+        (("db", "upgrade", "--revision", "nosuch"), "no schema revision"),
+        (("weights", "add", "user/tied", "/no/such/file.safetensors", "--tag", "constructor"), "weights tag"),
+    ],
+)
 def test_12_a_refused_write_leaves_the_file_byte_for_byte(writable, args, message):
     path = _path(writable)
     before = path.read_bytes()
@@ -263,6 +284,7 @@ def test_12_a_refused_write_leaves_the_file_byte_for_byte(writable, args, messag
 
 
 # --- 13. a writer waits for another writer's lock, then says so ---------------------------------------
+
 
 def _hold_write_lock(path: Path, seconds: float) -> threading.Thread:
     started = threading.Event()
@@ -305,6 +327,7 @@ def test_13_a_lock_held_past_the_timeout_is_a_clear_error(writable):
 
 # --- 14. worker processes ---------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("jobs", ["0", "-1", "two", "99999999999999999999999"])
 def test_14_bad_job_counts_are_refused(small_registry, jobs):
     proc = run_cli("index", "timm", "resnet18", "-j", jobs, registry=small_registry, check=False)
@@ -339,8 +362,13 @@ def _alive(pid: int) -> bool:
 
 def test_14_workers_die_with_a_killed_indexer(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(ROOT), "ZOO_REGISTRY": str(tmp_path / "r.db")}
-    parent = subprocess.Popen([sys.executable, "-m", "zoo.cli", "index", "timm", "resnet*", "-j", "2", "-q"],
-                              env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    parent = subprocess.Popen(
+        [sys.executable, "-m", "zoo.cli", "index", "timm", "resnet*", "-j", "2", "-q"],
+        env=env,
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         deadline = time.monotonic() + 120
         while len(workers := _children(parent.pid)) < 2 and time.monotonic() < deadline:
@@ -382,26 +410,35 @@ def test_14_no_forked_child_inherits_the_parents_database_connections(small_regi
 
 # --- 15. search limits and the registry option ----------------------------------------------------------
 
+
 @pytest.mark.parametrize("limit", ["99999999999999999999", "-1", "2.5", "x"])
 def test_15_bad_cli_limits_are_refused(small_registry, limit):
     proc = run_cli("search", "params<1e9", "--limit", limit, registry=small_registry, check=False)
     assert proc.returncode == 2 and "a limit is a whole number" in proc.stderr
 
 
-@pytest.mark.parametrize("options", [{"limit": 10**30}, {"limit": -1}, {"limit": 2.5}, {"limit": "3"},
-                                     {"limit": True}, {"order_by": 123}])
+@pytest.mark.parametrize(
+    "options", [{"limit": 10**30}, {"limit": -1}, {"limit": 2.5}, {"limit": "3"}, {"limit": True}, {"order_by": 123}]
+)
 def test_15_bad_python_limits_and_orders_are_refused(zoo_at, options):
     with pytest.raises(InvalidArgument):
         zoo_at.search("params<1e9", **options)
 
 
 def test_15_the_registry_flag_wins_over_the_environment(small_registry, tmp_path):
-    proc = run_cli("search", "family=user", "--registry", small_registry, check=False,
-                   env_extra={"ZOO_REGISTRY": str(tmp_path / "elsewhere.db")})
+    proc = run_cli(
+        "search",
+        "family=user",
+        "--registry",
+        small_registry,
+        check=False,
+        env_extra={"ZOO_REGISTRY": str(tmp_path / "elsewhere.db")},
+    )
     assert proc.returncode == 0 and "user/tied" in proc.stdout
 
 
 # --- 16. the Python API returns every match -------------------------------------------------------------
+
 
 def test_16_python_search_returns_every_match_by_default():
     import timm
@@ -413,6 +450,7 @@ def test_16_python_search_returns_every_match_by_default():
 
 
 # --- 17. user models as third-party packages write them -------------------------------------------------
+
 
 def test_17_a_falsy_weights_flag_is_no_weights(zoo_at):
     assert zoo_at.get("timm/resnet18", pretrained=False).fc.out_features == 1000
@@ -445,30 +483,55 @@ def test_17_a_constructor_that_loads_its_shipped_weights_builds_and_loads_them(t
 
 # --- 18. a user builder in the current directory ---------------------------------------------------------
 
+
 def test_18_a_builder_in_the_current_directory_needs_no_pythonpath(tmp_path):
     package = tmp_path / "mymodels"
     package.mkdir()
-    (package / "__init__.py").write_text(
-        "import torch\n\ndef build(width=4):\n    return torch.nn.Linear(3, width)\n")
+    (package / "__init__.py").write_text("import torch\n\ndef build(width=4):\n    return torch.nn.Linear(3, width)\n")
     # PYTHONPATH: only the zoo under test (mymodels is not there); neither the console script nor
     # `python -P` puts the current directory on the path
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "ZOO_REGISTRY": str(tmp_path / "r.db"),
-           "ZOO_TRUSTED_MODULES": "mymodels"}
-    made = subprocess.run([ZOO_SCRIPT, "index", "builder", "mymodels:build", "--name", "mine"], cwd=tmp_path,
-                          env=env, capture_output=True, text=True, timeout=300)
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(ROOT),
+        "ZOO_REGISTRY": str(tmp_path / "r.db"),
+        "ZOO_TRUSTED_MODULES": "mymodels",
+    }
+    made = subprocess.run(
+        [ZOO_SCRIPT, "index", "builder", "mymodels:build", "--name", "mine"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert made.returncode == 0 and "indexed user/mine" in made.stdout, made.stderr
-    got = subprocess.run([sys.executable, "-P", "-c", "import zoo; print(zoo.get('user/mine').out_features)"],
-                         cwd=tmp_path.parent, env=env, capture_output=True, text=True, timeout=300)
+    got = subprocess.run(
+        [sys.executable, "-P", "-c", "import zoo; print(zoo.get('user/mine').out_features)"],
+        cwd=tmp_path.parent,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert got.returncode != 0 and "mymodels" in got.stderr  # from another directory it is not importable
-    here = subprocess.run([sys.executable, "-P", "-c", "import zoo; print(zoo.get('user/mine').out_features)"],
-                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    here = subprocess.run(
+        [sys.executable, "-P", "-c", "import zoo; print(zoo.get('user/mine').out_features)"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert here.returncode == 0 and here.stdout.strip() == "4", here.stderr
 
 
-@pytest.mark.parametrize("name, want", [("half", torch.float16), ("BF16", torch.bfloat16),
-                                        ("torch.float32", torch.float32), ("double", torch.float64)])
+@pytest.mark.parametrize(
+    "name, want",
+    [("half", torch.float16), ("BF16", torch.bfloat16), ("torch.float32", torch.float32), ("double", torch.float64)],
+)
 def test_get_materialize_and_estimate_take_the_same_dtype_names(small_registry, name, want):
-    """One parser: "half" worked in estimate only, and a bad dtype was AnalysisError there, InvalidArgument elsewhere."""
+    """One parser: "half" worked in estimate only, and a bad dtype was AnalysisError there, InvalidArgument
+    elsewhere."""
     at = zoo.connect(small_registry)
     assert {p.dtype for p in at.get("timm/resnet18", dtype=name).parameters()} == {want}
     assert {p.dtype for p in at.get("timm/resnet18").materialize(dtype=name).parameters()} == {want}
@@ -478,8 +541,11 @@ def test_get_materialize_and_estimate_take_the_same_dtype_names(small_registry, 
 @pytest.mark.parametrize("bad", ["int8", "fp8", "float33", torch.int64, 16])
 def test_a_bad_dtype_is_the_same_invalid_argument_everywhere(small_registry, bad):
     at = zoo.connect(small_registry)
-    for call in (lambda: at.get("timm/resnet18", dtype=bad), lambda: at.get("timm/resnet18").materialize(dtype=bad),
-                 lambda: at.estimate("timm/resnet18", dtype=bad)):
+    for call in (
+        lambda: at.get("timm/resnet18", dtype=bad),
+        lambda: at.get("timm/resnet18").materialize(dtype=bad),
+        lambda: at.estimate("timm/resnet18", dtype=bad),
+    ):
         with pytest.raises(InvalidArgument, match="dtype must be a floating torch dtype"):
             call()
 

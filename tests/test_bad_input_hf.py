@@ -14,14 +14,22 @@ import pytest
 
 transformers = pytest.importorskip("transformers")
 
-import zoo  # noqa: E402
-from tests.conftest import ROOT  # noqa: E402
-from zoo.errors import CheckpointError  # noqa: E402
+import zoo  # noqa: E402 - after importorskip
+from tests.conftest import ROOT  # noqa: E402 - after importorskip
+from zoo.errors import CheckpointError  # noqa: E402 - after importorskip
 
 GIB = 1 << 30
-TINY_LLAMA = dict(model_type="llama", architectures=["LlamaForCausalLM"], hidden_size=32, intermediate_size=64,
-                  num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, vocab_size=64,
-                  max_position_embeddings=64)
+TINY_LLAMA = dict(
+    model_type="llama",
+    architectures=["LlamaForCausalLM"],
+    hidden_size=32,
+    intermediate_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    vocab_size=64,
+    max_position_embeddings=64,
+)
 
 # The child imports what a build needs and builds once (transformers loads its modules lazily), then holds its
 # address space to what it has plus `extra` bytes: a real allocation past that fails at once, on any machine.
@@ -39,21 +47,28 @@ def bounded(code: str, extra: int = GIB, timeout: int = 60, env=None) -> subproc
     """Run `code` in a child process with `extra` bytes of address space beyond its imports, for `timeout` s."""
     script = _HEAD % (TINY_LLAMA, extra, extra) + textwrap.dedent(code)
     env = {**os.environ, "PYTHONPATH": str(ROOT), "MALLOC_ARENA_MAX": "2", "OMP_NUM_THREADS": "1", **(env or {})}
-    return subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=timeout,
-                          env=env, cwd=ROOT)
+    return subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=timeout, env=env, cwd=ROOT
+    )
 
 
 def index_hf_bounded(tmp_path: Path, sources: list[str], timeout: int = 60) -> tuple[subprocess.CompletedProcess, dict]:
     """`zoo index hf SOURCE... --json` in one bounded child: its exit code and the outcome it printed."""
-    proc = bounded(f"""
+    proc = bounded(
+        f"""
         from zoo.cli import main
         sys.exit(main(["index", "hf", *{sources!r}, "--json", "-q"]))
-        """, timeout=timeout, env={"ZOO_REGISTRY": str(tmp_path / "r.db")})
+        """,
+        timeout=timeout,
+        env={"ZOO_REGISTRY": str(tmp_path / "r.db")},
+    )
     assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
     try:
         return proc, json.loads(proc.stdout)
     except json.JSONDecodeError:
-        raise AssertionError(f"no outcome printed (exit {proc.returncode}):\n{proc.stdout}\n{proc.stderr[-3000:]}")
+        raise AssertionError(
+            f"no outcome printed (exit {proc.returncode}):\n{proc.stdout}\n{proc.stderr[-3000:]}"
+        ) from None
 
 
 def write_config(folder: Path, name: str, config) -> str:
@@ -63,6 +78,7 @@ def write_config(folder: Path, name: str, config) -> str:
 
 
 # --- 3. forced meta checks a result's size before computing its shadow ----------------------------------------
+
 
 def test_3_a_large_result_of_small_shadows_is_not_computed():
     """arange(2**20) has a shadow (it is at the limit); its product with ones(1024) would be 4 GiB of float32."""
@@ -80,8 +96,16 @@ def test_3_a_large_result_of_small_shadows_is_not_computed():
 @pytest.mark.parametrize("rotary_dim", [64, 2048])
 def test_3_gptj_with_a_million_positions_indexes_within_a_gib(tmp_path, rotary_dim):
     """GPT-J computes its sinusoidal position table (n_positions x rotary_dim) in its constructor."""
-    config = dict(model_type="gptj", architectures=["GPTJForCausalLM"], n_layer=1, n_positions=2**20, n_embd=4096,
-                  n_head=16, rotary_dim=rotary_dim, vocab_size=1000)
+    config = dict(
+        model_type="gptj",
+        architectures=["GPTJForCausalLM"],
+        n_layer=1,
+        n_positions=2**20,
+        n_embd=4096,
+        n_head=16,
+        rotary_dim=rotary_dim,
+        vocab_size=1000,
+    )
     proc, outcome = index_hf_bounded(tmp_path, [write_config(tmp_path, "gptj", config)])
     assert outcome["indexed"] == 1 and not outcome["failed"], outcome
     info = zoo.connect(f"sqlite:///{tmp_path / 'r.db'}").info("hf/gptj")
@@ -90,11 +114,19 @@ def test_3_gptj_with_a_million_positions_indexes_within_a_gib(tmp_path, rotary_d
 
 # --- 4. configs are bounded: size, nesting, modules, recorded integers ------------------------------------------
 
+
 def test_4_configs_without_bounds_fail_alone_naming_the_key(tmp_path):
     """Each hostile config fails with a typed error that names what is out of bounds, within 60 s and a GiB
     for the whole run, and the good config after them is indexed."""
-    vit = dict(model_type="vit", architectures=["ViTModel"], hidden_size=32, num_hidden_layers=1, num_attention_heads=4,
-               intermediate_size=64, patch_size=16)
+    vit = dict(
+        model_type="vit",
+        architectures=["ViTModel"],
+        hidden_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        intermediate_size=64,
+        patch_size=16,
+    )
     cases = {
         "layers_1e5": ({**TINY_LLAMA, "num_hidden_layers": 10**5}, "num_hidden_layers"),
         "layers_1e9": ({**TINY_LLAMA, "num_hidden_layers": 10**9}, "num_hidden_layers"),
@@ -120,14 +152,17 @@ def test_4_configs_without_bounds_fail_alone_naming_the_key(tmp_path):
 
 # --- 5. one bad input fails alone -------------------------------------------------------------------------------
 
+
 def test_5_configs_of_the_wrong_types_fail_alone(tmp_path):
     from tests.conftest import run_cli
 
-    sources = [write_config(tmp_path, "a", {"model_type": ["llama"]}),
-               write_config(tmp_path, "b", {**TINY_LLAMA, "architectures": 5}),
-               write_config(tmp_path, "c", {**TINY_LLAMA, "architectures": [5]}),
-               write_config(tmp_path, "d", {**TINY_LLAMA, "model_type": {"llama": 1}}),
-               write_config(tmp_path, "good", TINY_LLAMA)]
+    sources = [
+        write_config(tmp_path, "a", {"model_type": ["llama"]}),
+        write_config(tmp_path, "b", {**TINY_LLAMA, "architectures": 5}),
+        write_config(tmp_path, "c", {**TINY_LLAMA, "architectures": [5]}),
+        write_config(tmp_path, "d", {**TINY_LLAMA, "model_type": {"llama": 1}}),
+        write_config(tmp_path, "good", TINY_LLAMA),
+    ]
     proc = run_cli("index", "hf", *sources, "--json", "-q", registry=str(tmp_path / "r.db"), check=False)
     assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
     outcome = json.loads(proc.stdout)
@@ -144,10 +179,12 @@ def test_5_local_cache_goes_on_past_corrupt_weights(tmp_path, monkeypatch):
     from tests.test_hf import populate_cache
 
     cache = tmp_path / "hub"
-    for repo, files in {"corrupt-header": {"model.safetensors": b"\xff" * 8 + b"{not json"},
-                        "bad-map": {"model.safetensors.index.json": b'{"weight_map": [1, 2]}'},
-                        "bad-map-values": {"model.safetensors.index.json": b'{"weight_map": {"a": [1]}}'},
-                        "good": {}}.items():
+    for repo, files in {
+        "corrupt-header": {"model.safetensors": b"\xff" * 8 + b"{not json"},
+        "bad-map": {"model.safetensors.index.json": b'{"weight_map": [1, 2]}'},
+        "bad-map-values": {"model.safetensors.index.json": b'{"weight_map": {"a": [1]}}'},
+        "good": {},
+    }.items():
         folder = tmp_path / repo
         folder.mkdir()
         (folder / "config.json").write_text(json.dumps(TINY_LLAMA))
@@ -228,6 +265,7 @@ def test_4_a_build_of_too_many_tensors_is_refused(tmp_path, monkeypatch):
 
 # --- 6. a cached snapshot entry is its repo's own blob, or refused -------------------------------------------------
 
+
 def _weights_cache(tmp_path: Path, monkeypatch) -> tuple[Path, Path]:
     """An offline huggingface_hub cache holding test-org/w: a model.safetensors linked to its blob, as the hub
     lays it out. Returns (the repo's folder, the snapshot's model.safetensors)."""
@@ -253,8 +291,9 @@ def _other_weights(folder: Path) -> bytes:
     return save({"w": torch.full((4,), 666.0)})
 
 
-@pytest.mark.parametrize("target", ["outside", "outside, named by its hash", "in the snapshot, named by its hash",
-                                    "another repo's blob"])
+@pytest.mark.parametrize(
+    "target", ["outside", "outside, named by its hash", "in the snapshot, named by its hash", "another repo's blob"]
+)
 def test_6_a_snapshot_link_out_of_its_repos_blobs_is_refused(tmp_path, monkeypatch, target):
     from zoo.weights.hub import resolve_hub_weights
 
@@ -262,9 +301,12 @@ def test_6_a_snapshot_link_out_of_its_repos_blobs_is_refused(tmp_path, monkeypat
     assert Path(resolve_hub_weights("hf://test-org/w")) == link  # the cache as the hub lays it out serves
     data = _other_weights(folder)
     digest = hashlib.sha256(data).hexdigest()
-    places = {"outside": tmp_path / "evil.safetensors", "outside, named by its hash": tmp_path / digest,
-              "in the snapshot, named by its hash": link.parent / digest,
-              "another repo's blob": folder.parent / "models--other--repo" / "blobs" / digest}
+    places = {
+        "outside": tmp_path / "evil.safetensors",
+        "outside, named by its hash": tmp_path / digest,
+        "in the snapshot, named by its hash": link.parent / digest,
+        "another repo's blob": folder.parent / "models--other--repo" / "blobs" / digest,
+    }
     evil = places[target]
     evil.parent.mkdir(parents=True, exist_ok=True)
     evil.write_bytes(data)
@@ -276,18 +318,36 @@ def test_6_a_snapshot_link_out_of_its_repos_blobs_is_refused(tmp_path, monkeypat
 
 # --- the acceptance fuzz: hostile config.json files, one run ------------------------------------------------------
 
+
 def _hostile_configs():
     """Strategy: the text of a config.json, from a tiny Llama with some keys given wrong types, huge or negative
     numbers, non-finite floats, deep nesting or megabytes of padding."""
     from hypothesis import strategies as st
 
-    keys = st.sampled_from([*TINY_LLAMA, "rope_scaling", "id2label", "head_dim", "tie_word_embeddings", "torch_dtype",
-                            "rms_norm_eps", "n_layer", "text_config"])
+    keys = st.sampled_from(
+        [
+            *TINY_LLAMA,
+            "rope_scaling",
+            "id2label",
+            "head_dim",
+            "tie_word_embeddings",
+            "torch_dtype",
+            "rms_norm_eps",
+            "n_layer",
+            "text_config",
+        ]
+    )
     values = st.one_of(
-        st.none(), st.booleans(), st.text(max_size=12), st.floats(allow_nan=True, allow_infinity=True),
-        st.integers(-10**3, 10**3), st.integers(10**6, 10**30), st.integers(-10**30, -1),
+        st.none(),
+        st.booleans(),
+        st.text(max_size=12),
+        st.floats(allow_nan=True, allow_infinity=True),
+        st.integers(-(10**3), 10**3),
+        st.integers(10**6, 10**30),
+        st.integers(-(10**30), -1),
         st.lists(st.one_of(st.integers(), st.text(max_size=4)), max_size=4),
-        st.dictionaries(st.text(max_size=6), st.one_of(st.integers(), st.none(), st.text(max_size=4)), max_size=3))
+        st.dictionaries(st.text(max_size=6), st.one_of(st.integers(), st.none(), st.text(max_size=4)), max_size=3),
+    )
 
     @st.composite
     def config(draw) -> str:
@@ -295,7 +355,9 @@ def _hostile_configs():
         text = json.dumps(data)
         depth = draw(st.sampled_from([0, 0, 20, 990, 5000]))
         padding = draw(st.sampled_from([0, 0, 1 << 20, 5 << 20]))
-        extra = ([f'"deep": {"[" * depth}{"]" * depth}'] if depth else []) + ([f'"pad": "{"x" * padding}"'] if padding else [])
+        extra = ([f'"deep": {"[" * depth}{"]" * depth}'] if depth else []) + (
+            [f'"pad": "{"x" * padding}"'] if padding else []
+        )
         return text[:-1] + "".join(", " + e for e in extra) + "}"
 
     return config()
@@ -310,10 +372,17 @@ def typed_failure(error: str) -> bool:
     return isinstance(found, type) and issubclass(found, zoo.errors.ZooError) and bool(message.strip())
 
 
-@pytest.mark.parametrize("error, typed", [("InvalidRecipe: num_hidden_layers is 10^9", True),
-                                          ("HubUnavailable: gone", True), ("ValueError: bad", False),
-                                          ("RecursionError: deep", False), ("reason: x", False),
-                                          ("InvalidRecipe:", False)])
+@pytest.mark.parametrize(
+    "error, typed",
+    [
+        ("InvalidRecipe: num_hidden_layers is 10^9", True),
+        ("HubUnavailable: gone", True),
+        ("ValueError: bad", False),
+        ("RecursionError: deep", False),
+        ("reason: x", False),
+        ("InvalidRecipe:", False),
+    ],
+)
 def test_fuzz_counts_only_zoos_typed_errors_as_typed_failures(error, typed):
     assert typed_failure(error) is typed
 

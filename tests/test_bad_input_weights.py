@@ -89,6 +89,7 @@ def write_safetensors(path, header: dict, data: bytes) -> None:
 
 # --- 1. a zip .pt whose storage record is shorter than the pickle says ------------------------
 
+
 def test_1_a_zip_pt_with_a_short_storage_record_is_refused_by_load_check_add_and_index(reg, tmp_path):
     good, short = tmp_path / "good.pt", tmp_path / "short.pt"
     # a large storage after the cut one: a mapping of the cut record's size reads on into it
@@ -113,6 +114,7 @@ def test_1_a_zip_pt_with_a_short_storage_record_is_refused_by_load_check_add_and
 
 
 # --- 2. legacy (non-zip) torch.save files -----------------------------------------------------
+
 
 def test_2_a_legacy_non_zip_pt_loads_and_check_add_index_agree(reg, tmp_path):
     legacy = tmp_path / "legacy.pth"
@@ -149,11 +151,18 @@ def test_2_a_legacy_pickle_that_carries_code_says_so_not_mmap(reg, tmp_path):
 
 # --- 3. the safetensors overlap check and empty tensors ---------------------------------------
 
+
 def test_3_an_empty_tensor_between_two_overlapping_ones_does_not_hide_the_overlap(reg, tmp_path):
     path = tmp_path / "overlap.safetensors"
-    write_safetensors(path, {"a": {"dtype": "F32", "shape": [4], "data_offsets": [0, 16]},
-                             "z": {"dtype": "F32", "shape": [0], "data_offsets": [8, 8]},
-                             "b": {"dtype": "F32", "shape": [4], "data_offsets": [8, 24]}}, bytes(24))
+    write_safetensors(
+        path,
+        {
+            "a": {"dtype": "F32", "shape": [4], "data_offsets": [0, 16]},
+            "z": {"dtype": "F32", "shape": [0], "data_offsets": [8, 8]},
+            "b": {"dtype": "F32", "shape": [4], "data_offsets": [8, 24]},
+        },
+        bytes(24),
+    )
     with pytest.raises(CheckpointError, match="tensors 'a' and 'b' overlap"):
         reg.check(NAME, path)
     from zoo.materialize import materialize
@@ -169,6 +178,7 @@ def test_3_an_empty_tensor_between_two_overlapping_ones_does_not_hide_the_overla
 
 
 # --- 4. paths that are not regular files --------------------------------------------------------
+
 
 def _fifo(tmp_path):
     os.mkfifo(tmp_path / "pipe.safetensors")
@@ -218,8 +228,11 @@ def test_4_a_path_that_is_not_a_regular_file_is_refused_before_it_is_opened(reg,
     path = make(tmp_path)
     m = reg.get(NAME)
     before = tensors_of(m)
-    attempts = [lambda: m.materialize(weights=path), lambda: reg.check(NAME, path),
-                lambda: reg.add_weights(NAME, path, tag="odd")]
+    attempts = [
+        lambda: m.materialize(weights=path),
+        lambda: reg.check(NAME, path),
+        lambda: reg.add_weights(NAME, path, tag="odd"),
+    ]
     if path.name.endswith(".safetensors"):
         attempts.append(lambda: reg.index_checkpoint(path, name="checkpoint/odd"))
     try:
@@ -240,6 +253,7 @@ def test_4_a_path_that_is_not_a_regular_file_is_refused_before_it_is_opened(reg,
 
 # --- 5. malformed indexes and pickles: CheckpointError, never a bare built-in ---------------------
 
+
 def _deep_header(tmp_path):
     path = tmp_path / "deep.safetensors"
     raw = b"[" * 200_000 + b"]" * 200_000
@@ -255,8 +269,11 @@ def _deep_index(tmp_path):
 
 def _garbled_pickle(tmp_path):
     torch.save(state(), tmp_path / "good.pt")
-    rewrite_zip(tmp_path / "good.pt", tmp_path / "garbled.pt",
-                lambda name, data: data[: len(data) // 2] if name.endswith("/data.pkl") else data)
+    rewrite_zip(
+        tmp_path / "good.pt",
+        tmp_path / "garbled.pt",
+        lambda name, data: data[: len(data) // 2] if name.endswith("/data.pkl") else data,
+    )
     return tmp_path / "garbled.pt"
 
 
@@ -268,8 +285,10 @@ def _empty_pickle(tmp_path):
 MALFORMED = {
     "missing shard": (lambda p: _index(p, {"embed.weight": "gone.safetensors"}), "gone.safetensors: no such shard"),
     "weight_map values are numbers": (lambda p: _index(p, {"embed.weight": 1}), "not a safetensors index"),
-    "weight_map values are lists": (lambda p: _index(p, {"embed.weight": ["real.safetensors"]}),
-                                    "not a safetensors index"),
+    "weight_map values are lists": (
+        lambda p: _index(p, {"embed.weight": ["real.safetensors"]}),
+        "not a safetensors index",
+    ),
     "weight_map is a list": (lambda p: _index(p, ["real.safetensors"]), "not a safetensors index"),
     "200k-deep JSON header": (_deep_header, "deep.safetensors: header is JSON nested too deeply"),
     "200k-deep JSON index": (_deep_index, "shard index is JSON nested too deeply"),
@@ -300,6 +319,7 @@ def test_5_zoo_check_of_an_empty_pt_exits_1_with_one_line(reg, tmp_path):
 
 # --- 6. nothing half-loaded: arguments, keys and devices checked before allocating ---------------
 
+
 @pytest.mark.parametrize("dtype", [torch.int8, torch.int64, "int8", "bfloat17", 3, torch.complex64])
 def test_6_a_dtype_that_is_not_floating_is_refused_before_anything_is_allocated(reg, dtype):
     m = reg.get(NAME)
@@ -311,8 +331,10 @@ def test_6_a_dtype_that_is_not_floating_is_refused_before_anything_is_allocated(
         reg.get(NAME, weights=state(), dtype=dtype, dispatch="lazy")  # at once, not at the first forward
 
 
-@pytest.mark.parametrize("name, dtype", [("bfloat16", torch.bfloat16), ("bf16", torch.bfloat16),
-                                         ("fp16", torch.float16), ("torch.float64", torch.float64)])
+@pytest.mark.parametrize(
+    "name, dtype",
+    [("bfloat16", torch.bfloat16), ("bf16", torch.bfloat16), ("fp16", torch.float16), ("torch.float64", torch.float64)],
+)
 def test_6_a_dtype_by_name_is_accepted(reg, name, dtype):
     m = reg.get(NAME).materialize(weights=state(), dtype=name)
     assert m.proj.weight.dtype == dtype and m.scale.dtype == dtype and m.positions.dtype == torch.int64
@@ -351,6 +373,7 @@ def test_6_a_swap_that_torch_refuses_is_rolled_back(reg):
 
 # --- 7. a read that fails after tensors were allocated and filled ---------------------------------
 
+
 class FailsAfter(SafetensorsSource):
     """A real safetensors reader whose reads fail after the first n succeed (a disk that goes away)."""
 
@@ -383,6 +406,7 @@ def test_7_a_read_failing_after_n_tensors_leaves_every_original_meta_tensor(reg,
 
 # --- 8. silences that hid a mistake ------------------------------------------------------------
 
+
 def test_8_strict_false_with_not_one_matching_key_raises(reg, tmp_path):
     unrelated = {"encoder.layer.0.weight": torch.zeros(3), "decoder.bias": torch.zeros(2)}
     m = reg.get(NAME)
@@ -411,12 +435,21 @@ def test_8_materialize_without_weights_on_a_loaded_module_needs_reinit(reg):
 
 # --- fuzz: mutated safetensors headers and shard indexes ---------------------------------------
 
-from hypothesis import HealthCheck, event, given, settings  # noqa: E402
-from hypothesis import strategies as hs  # noqa: E402
+from hypothesis import HealthCheck, event, given, settings  # noqa: E402 - the fuzz section's imports, kept with it
+from hypothesis import strategies as hs  # noqa: E402 - the fuzz section's imports, kept with it
 
-FILE_DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
-               "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
-               "BOOL": torch.bool}
+FILE_DTYPES = {
+    "F64": torch.float64,
+    "F32": torch.float32,
+    "F16": torch.float16,
+    "BF16": torch.bfloat16,
+    "I64": torch.int64,
+    "I32": torch.int32,
+    "I16": torch.int16,
+    "I8": torch.int8,
+    "U8": torch.uint8,
+    "BOOL": torch.bool,
+}
 
 
 def fuzz_net() -> nn.Module:
@@ -438,21 +471,42 @@ def valid_file(state: dict) -> tuple[dict, bytes]:
 
     raw = save(state)
     n = struct.unpack("<Q", raw[:8])[0]
-    return json.loads(raw[8:8 + n]), raw[8 + n:]
+    return json.loads(raw[8 : 8 + n]), raw[8 + n :]
 
 
-JSON = hs.recursive(hs.none() | hs.booleans() | hs.integers(-2**70, 2**70) | hs.floats() | hs.text(max_size=8)
-                    | hs.sampled_from([*FILE_DTYPES, "F8_E4M3", "..", "", "0.weight"]),
-                    lambda inner: hs.lists(inner, max_size=4) | hs.dictionaries(hs.text(max_size=6), inner, max_size=3),
-                    max_leaves=8)
+JSON = hs.recursive(
+    hs.none()
+    | hs.booleans()
+    | hs.integers(-(2**70), 2**70)
+    | hs.floats()
+    | hs.text(max_size=8)
+    | hs.sampled_from([*FILE_DTYPES, "F8_E4M3", "..", "", "0.weight"]),
+    lambda inner: hs.lists(inner, max_size=4) | hs.dictionaries(hs.text(max_size=6), inner, max_size=3),
+    max_leaves=8,
+)
 
 
 def mutate_file(draw, header: dict, data: bytes) -> bytes:
     """One valid safetensors file, broken in one of the ways a corrupt or hostile file is."""
     header = json.loads(json.dumps(header))
     names = sorted(k for k in header if k != "__metadata__")
-    kind = draw(hs.sampled_from(["field", "offsets", "drop", "rename", "metadata", "flip", "length", "cut json",
-                                 "cut file", "deep", "long number"]))
+    kind = draw(
+        hs.sampled_from(
+            [
+                "field",
+                "offsets",
+                "drop",
+                "rename",
+                "metadata",
+                "flip",
+                "length",
+                "cut json",
+                "cut file",
+                "deep",
+                "long number",
+            ]
+        )
+    )
     if kind == "field":
         header[draw(hs.sampled_from(names))][draw(hs.sampled_from(["dtype", "shape", "data_offsets"]))] = draw(JSON)
     elif kind == "offsets":  # near the true ones: overlaps, gaps, swaps, empty tensors, past the end
@@ -472,7 +526,7 @@ def mutate_file(draw, header: dict, data: bytes) -> bytes:
         header["__metadata__"] = draw(JSON)
     raw = json.dumps(header).encode()
     if kind == "cut json":
-        raw = raw[:draw(hs.integers(0, len(raw) - 1))]
+        raw = raw[: draw(hs.integers(0, len(raw) - 1))]
     elif kind in ("deep", "long number"):  # JSON that exhausts the parser's recursion, or Python's int limit
         depth = draw(hs.integers(1, 200_000))
         value = b"[" * depth + b"]" * depth if kind == "deep" else b"1" * draw(hs.integers(1, 10_000))
@@ -484,7 +538,7 @@ def mutate_file(draw, header: dict, data: bytes) -> bytes:
     elif kind == "length":
         out[:8] = struct.pack("<Q", draw(hs.integers(0, len(raw) + 64) | hs.integers(0, 2**64 - 1)))
     elif kind == "cut file":
-        out = out[:draw(hs.integers(0, len(out) - 1))]
+        out = out[: draw(hs.integers(0, len(out) - 1))]
     return bytes(out)
 
 
@@ -492,7 +546,7 @@ def expected_from(raw: bytes, net: nn.Module) -> dict:
     """What a file zoo loaded says, read independently of zoo: each tensor's bytes at its header
     offsets, cast. The format forbids tensors that share bytes: a file with such is no correct load."""
     n = struct.unpack("<Q", raw[:8])[0]
-    header, data = json.loads(raw[8:8 + n]), raw[8 + n:]
+    header, data = json.loads(raw[8 : 8 + n]), raw[8 + n :]
     spans = sorted(s["data_offsets"] for k, s in header.items() if k != "__metadata__")
     end = 0
     for begin, stop in (span for span in spans if span[1] > span[0]):
@@ -505,7 +559,7 @@ def expected_from(raw: bytes, net: nn.Module) -> dict:
         spec = header[name]
         begin, end = spec["data_offsets"]
         chunk = bytearray(data[begin:end]) or bytearray(1)
-        value = torch.frombuffer(chunk, dtype=FILE_DTYPES[spec["dtype"]])[:end - begin and None]
+        value = torch.frombuffer(chunk, dtype=FILE_DTYPES[spec["dtype"]])[: end - begin and None]
         out[name] = value.reshape(spec["shape"]).to(t.dtype)
     return out
 
@@ -560,20 +614,35 @@ def test_fuzz_a_mutated_shard_index_loads_the_shards_or_is_a_checkpoint_error(da
     import tempfile
 
     state = fuzz_state()
-    shards = {"a.safetensors": ["0.weight", "0.bias", "1.weight"],
-              "b.safetensors": ["1.bias", "1.running_mean", "1.running_var", "1.num_batches_tracked"]}
+    shards = {
+        "a.safetensors": ["0.weight", "0.bias", "1.weight"],
+        "b.safetensors": ["1.bias", "1.running_mean", "1.running_var", "1.num_batches_tracked"],
+    }
     weight_map = {k: shard for shard, keys in shards.items() for k in keys}
     kind = data.draw(hs.sampled_from(["value", "weight_map", "drop", "cut", "flip", "shard"]))
     if kind == "value":
         weight_map[data.draw(hs.sampled_from(sorted(weight_map)))] = data.draw(
-            JSON | hs.sampled_from(["..", ".", "", "missing.safetensors", "../a.safetensors", "/dev/zero", "a\x00b",
-                                    "model.safetensors.index.json", *shards]))
+            JSON
+            | hs.sampled_from(
+                [
+                    "..",
+                    ".",
+                    "",
+                    "missing.safetensors",
+                    "../a.safetensors",
+                    "/dev/zero",
+                    "a\x00b",
+                    "model.safetensors.index.json",
+                    *shards,
+                ]
+            )
+        )
     elif kind == "drop":
         del weight_map[data.draw(hs.sampled_from(sorted(weight_map)))]
     index = {"metadata": {}, "weight_map": data.draw(JSON) if kind == "weight_map" else weight_map}
     text = json.dumps(index).encode()
     if kind == "cut":
-        text = text[:data.draw(hs.integers(0, len(text) - 1))]
+        text = text[: data.draw(hs.integers(0, len(text) - 1))]
     elif kind == "flip":
         text = bytearray(text)
         text[data.draw(hs.integers(0, len(text) - 1))] = data.draw(hs.integers(0, 255))

@@ -12,8 +12,8 @@ import torch
 
 import zoo
 from tests.conftest import cli_json, run_cli
-from zoo.throughput import benchmark
 from zoo.registry import db, store
+from zoo.throughput import benchmark
 
 FEW = dict(steps=2, warmup=1)
 
@@ -25,8 +25,13 @@ def indexed(tmp_path_factory) -> str:
 
     url = f"sqlite:///{tmp_path_factory.mktemp('bench') / 'bench.db'}"
     indexer.index_family(url, "timm", ["resnet18", "vit_tiny_patch16_224", "vit_tiny_patch16_384"])
-    indexer.index_one(url, "user/conv", Recipe("user", "tests.builders:conv_net"), trusted={"tests"},
-                      inputs=[{"shape": [1, 3, 32, 32]}])
+    indexer.index_one(
+        url,
+        "user/conv",
+        Recipe("user", "tests.builders:conv_net"),
+        trusted={"tests"},
+        inputs=[{"shape": [1, 3, 32, 32]}],
+    )
     db.compact(url)  # one self-contained file (no WAL beside it) that a test can copy
     return url
 
@@ -41,8 +46,9 @@ def registry(indexed, tmp_path) -> str:
 
 def _runs(url: str) -> list[tuple]:
     with sqlite3.connect(url.removeprefix("sqlite:///")) as con:
-        return con.execute("SELECT models.name, mode FROM measurements JOIN models ON models.id = model_id "
-                           "ORDER BY measurements.id").fetchall()
+        return con.execute(
+            "SELECT models.name, mode FROM measurements JOIN models ON models.id = model_id ORDER BY measurements.id"
+        ).fetchall()
 
 
 def _cpu_model_name() -> str:
@@ -51,13 +57,19 @@ def _cpu_model_name() -> str:
 
 
 def test_a_bench_is_recorded_at_the_rows_input_size_with_its_hardware_and_versions(registry):
-    result, = cli_json("bench", "timm/vit_tiny_patch16_384", "--batch", "2", "--steps", "2", "--warmup", "1",
-                       registry=registry)
+    (result,) = cli_json(
+        "bench", "timm/vit_tiny_patch16_384", "--batch", "2", "--steps", "2", "--warmup", "1", registry=registry
+    )
     # independent sources: timm's pretrained config, the kernel's CPU name, the installed libraries
-    assert result["inputs"] == [{"name": None, "shape": [2, *timm.get_pretrained_cfg("vit_tiny_patch16_384").input_size],
-                                 "dtype": "float32"}]
-    assert (result["hardware"], result["device"], result["mode"], result["dtype"]) == (_cpu_model_name(), "cpu",
-                                                                                       "infer", "fp32")
+    assert result["inputs"] == [
+        {"name": None, "shape": [2, *timm.get_pretrained_cfg("vit_tiny_patch16_384").input_size], "dtype": "float32"}
+    ]
+    assert (result["hardware"], result["device"], result["mode"], result["dtype"]) == (
+        _cpu_model_name(),
+        "cpu",
+        "infer",
+        "fp32",
+    )
     assert result["versions"]["torch"] == torch.__version__ and result["versions"]["timm"] == timm.__version__
     assert result["threads"] == torch.get_num_threads()  # the CLI's process runs torch's default, as this one
     params = sum(p.numel() for p in timm.create_model("vit_tiny_patch16_384").parameters())
@@ -67,8 +79,11 @@ def test_a_bench_is_recorded_at_the_rows_input_size_with_its_hardware_and_versio
     assert _runs(registry) == [("timm/vit_tiny_patch16_384", "infer")]
     # searchable through sqlite3 (the CLI's path) and SQLAlchemy alike; the number is the recorded one
     speed = result["samples_per_s"]
-    for search, expected in ((f"bench_cpu>{speed / 2}", 1), (f"bench_cpu>={speed} and name~*384", 1),
-                             (f"not bench_cpu<{speed}", 4)):  # `not`: also every model without a run
+    for search, expected in (
+        (f"bench_cpu>{speed / 2}", 1),
+        (f"bench_cpu>={speed} and name~*384", 1),
+        (f"not bench_cpu<{speed}", 4),
+    ):  # `not`: also every model without a run
         names = [r["name"] for r in cli_json("search", search, registry=registry)]
         with db.session(registry) as s:
             assert [r["name"] for r in store.search(s, search, fields=("name",))] == names
@@ -81,7 +96,7 @@ def test_a_bench_is_recorded_at_the_rows_input_size_with_its_hardware_and_versio
     assert header.split()[-1] == "bench_cpu" and row.split()[-1] == f"{speed:.2f}"  # the table shows the number
     shown = run_cli("show", "timm/vit_tiny_patch16_384", registry=registry).stdout
     assert _cpu_model_name() in shown and "cpu infer fp32 batch 2" in shown and f"torch {torch.__version__}" in shown
-    run, = cli_json("show", "timm/vit_tiny_patch16_384", registry=registry)["measurements"]
+    (run,) = cli_json("show", "timm/vit_tiny_patch16_384", registry=registry)["measurements"]
     assert run["samples_per_s"] == speed and run["who"] == benchmark.who() and run["versions"] == result["versions"]
 
 
@@ -108,8 +123,11 @@ def test_a_search_bench_resumes_after_a_stop_and_skips_what_it_measured(registry
         benchmark.run_search(z, search, report=stop_after_two, **FEW)
     assert _runs(registry) == [(n, "infer") for n in expected[:2]]
     again = benchmark.run_search(z, search, **FEW)
-    assert [(r["name"], r["skipped"]) for r in again] == [(expected[0], True), (expected[1], True),
-                                                         (expected[2], False)]
+    assert [(r["name"], r["skipped"]) for r in again] == [
+        (expected[0], True),
+        (expected[1], True),
+        (expected[2], False),
+    ]
     assert _runs(registry) == [(n, "infer") for n in expected]
     # another mode is another measurement: nothing is skipped
     assert not any(r["skipped"] for r in benchmark.run_search(z, "name=user/conv", batch=3, **FEW))
@@ -133,8 +151,12 @@ def test_bad_input_is_a_typed_error_and_records_nothing(registry, indexed):
     z = zoo.connect(registry)
     with pytest.raises(zoo.ModelNotFound, match="resnet18"):
         zoo.bench("timm/resnet81", registry=z, **FEW)
-    for options, message in ((dict(dtype="int8"), "dtype must be a floating"), (dict(batch=0), "batch"), (dict(device="tpu"), "--device"),
-                             (dict(steps=0), "steps")):
+    for options, message in (
+        (dict(dtype="int8"), "dtype must be a floating"),
+        (dict(batch=0), "batch"),
+        (dict(device="tpu"), "--device"),
+        (dict(steps=0), "steps"),
+    ):
         with pytest.raises(zoo.InvalidArgument, match=message):
             zoo.bench("timm/resnet18", registry=z, **{**FEW, **options})
     if not torch.cuda.is_available():
@@ -157,8 +179,12 @@ def test_bad_input_is_a_typed_error_and_records_nothing(registry, indexed):
 def _best(url: str) -> dict[str, float]:
     """Each model's best recorded CPU inference run, read from the measurements table itself."""
     with sqlite3.connect(url.removeprefix("sqlite:///")) as con:
-        return dict(con.execute("SELECT models.name, max(samples_per_s) FROM measurements JOIN models ON models.id = "
-                                "model_id WHERE device = 'cpu' AND mode = 'infer' GROUP BY models.name"))
+        return dict(
+            con.execute(
+                "SELECT models.name, max(samples_per_s) FROM measurements JOIN models ON models.id = "
+                "model_id WHERE device = 'cpu' AND mode = 'infer' GROUP BY models.name"
+            )
+        )
 
 
 def test_a_search_sorts_by_a_measured_field_best_run_first_unmeasured_last(registry):
@@ -169,28 +195,38 @@ def test_a_search_sorts_by_a_measured_field_best_run_first_unmeasured_last(regis
     # run sorts it first, its slowest would sort it last
     with sqlite3.connect(registry.removeprefix("sqlite:///")) as con:
         con.row_factory = sqlite3.Row
-        run = con.execute("SELECT measurements.* FROM measurements JOIN models ON models.id = model_id WHERE "
-                          "models.name = 'timm/resnet18'").fetchone()
+        run = con.execute(
+            "SELECT measurements.* FROM measurements JOIN models ON models.id = model_id WHERE "
+            "models.name = 'timm/resnet18'"
+        ).fetchone()
         faster = {k: run[k] for k in run.keys() if k != "id"}
         faster.update(hardware="a faster CPU", samples_per_s=10 * _best(registry)["user/conv"])
-        con.execute(f"INSERT INTO measurements ({', '.join(faster)}) VALUES ({', '.join('?' * len(faster))})",
-                    list(faster.values()))
+        con.execute(
+            f"INSERT INTO measurements ({', '.join(faster)}) VALUES ({', '.join('?' * len(faster))})",
+            list(faster.values()),
+        )
     best = _best(registry)
     fastest_first = ["timm/resnet18", "user/conv"]
     assert sorted(best, key=best.get, reverse=True) == fastest_first
     unmeasured = ["timm/vit_tiny_patch16_224", "timm/vit_tiny_patch16_384"]  # by name, after every measured one
-    for order, expected in (("-bench_cpu", fastest_first + unmeasured),
-                            ("bench_cpu", fastest_first[::-1] + unmeasured)):
-        through_sqlite3 = [r["name"] for r in cli_json("search", "name~*", "--sort", order, "--limit", "0",
-                                                          registry=registry)]
+    for order, expected in (
+        ("-bench_cpu", fastest_first + unmeasured),
+        ("bench_cpu", fastest_first[::-1] + unmeasured),
+    ):
+        through_sqlite3 = [
+            r["name"] for r in cli_json("search", "name~*", "--sort", order, "--limit", "0", registry=registry)
+        ]
         with db.session(registry) as s:
             through_sqlalchemy = [r["name"] for r in store.search(s, "name~*", order_by=order, fields=("name",))]
         assert through_sqlite3 == through_sqlalchemy == expected, order
     # a comparison reads the same best run on every path: resnet18's slow run here is below the threshold,
     # its best is above, so `<` leaves it out (the catalog's search in the browser compares the same numbers)
     threshold = best["user/conv"] * 2
-    for expr, expected in ((f"bench_cpu>{threshold}", ["timm/resnet18"]), (f"bench_cpu<{threshold}", ["user/conv"]),
-                           (f"not bench_cpu<{threshold}", ["timm/resnet18", *unmeasured])):
+    for expr, expected in (
+        (f"bench_cpu>{threshold}", ["timm/resnet18"]),
+        (f"bench_cpu<{threshold}", ["user/conv"]),
+        (f"not bench_cpu<{threshold}", ["timm/resnet18", *unmeasured]),
+    ):
         with db.session(registry) as s:
             through_sqlalchemy = [r["name"] for r in store.search(s, expr, fields=("name",))]
         assert [r["name"] for r in cli_json("search", expr, registry=registry)] == through_sqlalchemy == expected, expr
@@ -230,11 +266,15 @@ def test_a_team_registry_on_postgresql_collects_measurements(registry, pg_server
     assert [r["name"] for r in t.search("bench_cpu>0 and not name~user/*", fields=("name",))] == ["timm/resnet18"]
     best = {n: max(r["samples_per_s"] for r in benchmark.recorded_runs(t, n)) for n in ("user/conv", "timm/resnet18")}
     assert [r["name"] for r in t.search("name~*", order_by="-bench_cpu", fields=("name",))] == [
-        *sorted(best, key=best.get, reverse=True), "timm/vit_tiny_patch16_224", "timm/vit_tiny_patch16_384"]
+        *sorted(best, key=best.get, reverse=True),
+        "timm/vit_tiny_patch16_224",
+        "timm/vit_tiny_patch16_384",
+    ]
     runs = {n: benchmark.recorded_runs(t, n) for n in ("user/conv", "timm/resnet18")}
     assert {r["who"] for n in runs for r in runs[n]} == {benchmark.who()}
     assert benchmark.fastest(t, [*runs, "timm/vit_tiny_patch16_224"], "bench_cpu") == {
-        n: r["samples_per_s"] for n in runs for r in runs[n]}
+        n: r["samples_per_s"] for n in runs for r in runs[n]
+    }
 
 
 def test_a_killed_search_bench_resumes_with_the_models_it_had_recorded(registry):
@@ -248,8 +288,13 @@ def test_a_killed_search_bench_resumes_with_the_models_it_had_recorded(registry)
 
     search = "name~timm/resnet18 or name~timm/vit_tiny_patch16_224 or name=user/conv"
     env = {**os.environ, "PYTHONPATH": str(ROOT), "ZOO_REGISTRY": registry.removeprefix("sqlite:///")}
-    proc = subprocess.Popen([sys.executable, "-m", "zoo.cli", "bench", search, "-q", "--steps", "5", "--warmup", "1"],
-                            env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "zoo.cli", "bench", search, "-q", "--steps", "5", "--warmup", "1"],
+        env=env,
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     deadline = time.monotonic() + 300
     while not _runs(registry) and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.05)

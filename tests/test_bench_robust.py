@@ -10,12 +10,16 @@ import sqlite3
 import pytest
 
 import zoo
-from zoo.throughput import benchmark
 from zoo.cli import main
 from zoo.registry import db
+from zoo.throughput import benchmark
 
-FAILURES = {"user/broken_assert": "AssertionError", "user/broken_index": "IndexError",
-            "user/broken_key": "KeyError", "user/broken_memory": "ran out of memory"}
+FAILURES = {
+    "user/broken_assert": "AssertionError",
+    "user/broken_index": "IndexError",
+    "user/broken_key": "KeyError",
+    "user/broken_memory": "ran out of memory",
+}
 WORKING = ["timm/resnet18", "torchvision/mobilenet_v3_small", "user/conv"]  # user/conv sorts after the broken ones
 
 
@@ -28,10 +32,20 @@ def indexed(tmp_path_factory) -> str:
     indexer.index_family(url, "timm", ["resnet18"])
     indexer.index_family(url, "torchvision", ["mobilenet_v3_small"])
     for name in FAILURES:
-        indexer.index_one(url, name, Recipe("user", "tests.bench_builders:failing", {"failure": name.split("_")[-1]}),
-                          trusted={"tests"}, inputs=[{"shape": [1, 4]}])
-    indexer.index_one(url, "user/conv", Recipe("user", "tests.builders:conv_net"), trusted={"tests"},
-                      inputs=[{"shape": [1, 3, 32, 32]}])
+        indexer.index_one(
+            url,
+            name,
+            Recipe("user", "tests.bench_builders:failing", {"failure": name.split("_")[-1]}),
+            trusted={"tests"},
+            inputs=[{"shape": [1, 4]}],
+        )
+    indexer.index_one(
+        url,
+        "user/conv",
+        Recipe("user", "tests.builders:conv_net"),
+        trusted={"tests"},
+        inputs=[{"shape": [1, 3, 32, 32]}],
+    )
     db.compact(url)  # one self-contained file that a test can copy
     return url
 
@@ -45,8 +59,12 @@ def registry(indexed, tmp_path) -> str:
 
 def _measured(path: str) -> list[str]:
     with sqlite3.connect(path) as con:
-        return [n for n, in con.execute("SELECT models.name FROM measurements JOIN models ON models.id = model_id "
-                                        "ORDER BY models.name")]
+        return [
+            n
+            for (n,) in con.execute(
+                "SELECT models.name FROM measurements JOIN models ON models.id = model_id ORDER BY models.name"
+            )
+        ]
 
 
 def test_a_search_run_records_each_failure_and_measures_the_models_after_it(registry, capsys):

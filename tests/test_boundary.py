@@ -36,9 +36,26 @@ def tiny_gpt2(tmp_path_factory):
 
 # --- 9. terminal escapes ------------------------------------------------------------------------
 
-@pytest.mark.parametrize("name", [HOSTILE, "user/tab\there", "user/new\nline", "user/a b", "user/ü", "user//x",
-                                  "user/", "/x", "user/" + "x" * 300, "user/..", "user/.", "hf/org/..", "../x",
-                                  "user/.../x"])
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        HOSTILE,
+        "user/tab\there",
+        "user/new\nline",
+        "user/a b",
+        "user/ü",
+        "user//x",
+        "user/",
+        "/x",
+        "user/" + "x" * 300,
+        "user/..",
+        "user/.",
+        "hf/org/..",
+        "../x",
+        "user/.../x",
+    ],
+)
 def test_9_a_name_outside_the_documented_set_is_refused_on_write(writable, name):
     registry = zoo.connect(writable)
     before = len(registry.search(None))
@@ -52,15 +69,18 @@ def test_9_the_cli_refuses_a_hostile_checkpoint_name_and_writes_nothing(writable
     from safetensors.torch import save_file
 
     save_file({"w": torch.zeros(2)}, str(tmp_path / "w.safetensors"))
-    proc = run_cli("index", "checkpoint", str(tmp_path / "w.safetensors"), "--name", HOSTILE,
-                   registry=writable, check=False)
+    proc = run_cli(
+        "index", "checkpoint", str(tmp_path / "w.safetensors"), "--name", HOSTILE, registry=writable, check=False
+    )
     assert proc.returncode == 1 and "\x1b" not in proc.stderr + proc.stdout, proc.stderr
     assert "a model name is" in proc.stderr
     assert not zoo.connect(writable).search("family=checkpoint")
 
 
-@pytest.mark.parametrize("stem, name", [("model (1)", "checkpoint/model__1_"),
-                                        ("ckpt@step100", "checkpoint/ckpt_step100"), ("bär", "checkpoint/b_r")])
+@pytest.mark.parametrize(
+    "stem, name",
+    [("model (1)", "checkpoint/model__1_"), ("ckpt@step100", "checkpoint/ckpt_step100"), ("bär", "checkpoint/b_r")],
+)
 def test_9_a_checkpoint_named_after_its_file_gets_the_stem_in_the_documented_set(writable, tmp_path, stem, name):
     import torch
     from safetensors.torch import save_file
@@ -75,8 +95,10 @@ def test_9_escapes_recorded_by_an_older_zoo_print_escaped(writable):
     """A row written before names were checked: `zoo search` and `zoo show` print its escapes as text."""
     path = writable.removeprefix("sqlite:///")
     with sqlite3.connect(path) as c:
-        c.execute("UPDATE models SET name = ?, short = ?, error = ?, task = ? WHERE name = 'user/tied'",
-                  (HOSTILE, HOSTILE.split("/", 1)[1], "boom\x1b[31m red", "t\x9bask"))
+        c.execute(
+            "UPDATE models SET name = ?, short = ?, error = ?, task = ? WHERE name = 'user/tied'",
+            (HOSTILE, HOSTILE.split("/", 1)[1], "boom\x1b[31m red", "t\x9bask"),
+        )
     c.close()
     found = run_cli("search", "family=user", registry=writable)
     assert "\x1b" not in found.stdout and "\x07" not in found.stdout and "\x9b" not in found.stdout
@@ -89,6 +111,7 @@ def test_9_escapes_recorded_by_an_older_zoo_print_escaped(writable):
 
 
 # --- 11. types at the API boundary ---------------------------------------------------------------
+
 
 @pytest.mark.parametrize("name", [None, 123, float("nan"), ["timm/resnet18"], b"timm/resnet18", ("a",)])
 def test_11_a_name_that_is_not_a_string_is_invalid_argument(zoo_at, name):
@@ -127,8 +150,13 @@ def test_11_scan_of_an_impossible_shape_is_an_analysis_error(zoo_at, shape):
 
 
 def test_11_every_refusal_is_a_zoo_error(zoo_at):
-    for call in (lambda: zoo_at.get(None), lambda: zoo_at.estimate("timm/resnet18", batch=None),
-                 lambda: zoo_at.scan(None), lambda: zoo_at.estimate(123), lambda: zoo_at.scan([1, 2]),
-                 lambda: zoo_at.scan("timm/resnet18", (1, 3, -1, 224))):
+    for call in (
+        lambda: zoo_at.get(None),
+        lambda: zoo_at.estimate("timm/resnet18", batch=None),
+        lambda: zoo_at.scan(None),
+        lambda: zoo_at.estimate(123),
+        lambda: zoo_at.scan([1, 2]),
+        lambda: zoo_at.scan("timm/resnet18", (1, 3, -1, 224)),
+    ):
         with pytest.raises(ZooError):
             call()

@@ -80,13 +80,14 @@ def _verified_name(path: Path) -> str:
 
 # --- a planted record vouches for nothing ---------------------------------------------------------------------------
 
+
 @needs_root
 def test_a_record_planted_in_a_shared_cache_does_not_make_a_tampered_file_load(fresh_url, tmp_path, cache):
     """Everything a verified/ record holds (real path, inode, size, mtime, ctime, the recorded hash) is readable by
     anyone: planted in a world-writable cache, it made a file of 1e30s load as the recorded weights."""
     import zoo
-    from zoo.indexing import indexer
     from zoo.errors import CheckpointError
+    from zoo.indexing import indexer
     from zoo.recipe import Recipe
 
     indexer.index_one(fresh_url, "user/tied", Recipe("user", "tests.builders:tied_net"), trusted={"tests"})
@@ -96,12 +97,23 @@ def test_a_record_planted_in_a_shared_cache_does_not_make_a_tampered_file_load(f
     _weights(path, 1e30)  # same shapes, same size: the tampered file
     folder = _shared(cache, "verified", "cache 1777, the folder another user's")
     _plant(folder / _verified_name(path), _record_of(path, good), owner=NOBODY)
-    with pytest.warns(UserWarning, match="not trusted"), pytest.raises(CheckpointError, match="differs from the recorded"):
+    with (
+        pytest.warns(UserWarning, match="not trusted"),
+        pytest.raises(CheckpointError, match="differs from the recorded"),
+    ):
         registry.get("user/tied").materialize(weights="default")
 
 
-@pytest.mark.parametrize("how", ["cache 1777, the folder another user's", "folder world-writable",
-                                 "cache group-writable", "record another user's", "record world-writable"])
+@pytest.mark.parametrize(
+    "how",
+    [
+        "cache 1777, the folder another user's",
+        "folder world-writable",
+        "cache group-writable",
+        "record another user's",
+        "record world-writable",
+    ],
+)
 def test_a_record_anyone_else_could_write_is_a_miss(cache, tmp_path, how):
     if "another user" in how and os.geteuid() != 0:
         pytest.skip("chown to another user needs root")
@@ -133,6 +145,7 @@ def test_a_timm_loader_record_in_a_shared_cache_is_not_replayed(cache, monkeypat
 
 
 # --- writes go through fresh temporary files ------------------------------------------------------------------------
+
 
 def _caught_timm_args() -> dict:
     return {"cfg": {"url": ""}, "num_classes": 10, "in_chans": 3, "filter_fn": None, "strict": True}
@@ -177,6 +190,7 @@ def test_nothing_is_written_into_a_shared_cache(cache, tmp_path, kind):
 
 # --- a record that is no small regular file is a miss, not a hang or a crash -----------------------------------------
 
+
 def _readers(kind: str, cache: Path, tmp_path: Path):
     """(the record's path, a call that reads it and returns what it found)."""
     from zoo.families import timm_loader
@@ -215,8 +229,9 @@ def test_a_fifo_record_is_a_miss_not_a_hang(cache, tmp_path, kind):
 
 
 @pytest.mark.parametrize("kind", ["verified", "timm-loader"])
-@pytest.mark.parametrize("bad", ["nested 100,000 deep", "nested 20,000 deep", "a link to /dev/zero",
-                                 "a 64 MiB sparse file", "not UTF-8"])
+@pytest.mark.parametrize(
+    "bad", ["nested 100,000 deep", "nested 20,000 deep", "a link to /dev/zero", "a 64 MiB sparse file", "not UTF-8"]
+)
 def test_a_deep_huge_or_endless_record_is_a_miss(cache, tmp_path, kind, bad):
     """A RecursionError or a MemoryError where the README says a bad record is a miss: 20,000 deep fits under the
     size caps (the parse fails), 100,000 deep only under timm-loader's (1 MiB), past verified's (64 KiB)."""
@@ -268,6 +283,7 @@ def test_a_private_cache_is_trusted_and_its_records_are_private(cache, tmp_path)
 
 
 # --- a hub cache without symlinks -------------------------------------------------------------------------------
+
 
 def test_a_hub_cache_without_symlinks_says_once_that_it_could_not_be_checked(tmp_path, monkeypatch):
     """Files copied into snapshots/ (no links to blobs named by their hash) loaded with no check and no word."""

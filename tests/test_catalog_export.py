@@ -32,13 +32,20 @@ def _tree(root: Path) -> dict[str, bytes]:
 
 def _catalog(registry: str, out: Path, file_size_limit: int | None = None) -> subprocess.CompletedProcess:
     """`zoo catalog` in its own process; file_size_limit: RLIMIT_FSIZE, so that writing fails midway (EFBIG)."""
+
     def limit():
         if file_size_limit is not None:
             resource.setrlimit(resource.RLIMIT_FSIZE, (file_size_limit, file_size_limit))
 
-    return subprocess.run([sys.executable, "-m", "zoo.cli", "--registry", registry, "catalog", "--out", str(out),
-                           "--quiet"], capture_output=True, text=True, cwd=ROOT, timeout=300, preexec_fn=limit,
-                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    return subprocess.run(
+        [sys.executable, "-m", "zoo.cli", "--registry", registry, "catalog", "--out", str(out), "--quiet"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=300,
+        preexec_fn=limit,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
 
 
 def test_28_7_a_failed_export_leaves_the_previous_one_whole(registry, tmp_path):
@@ -80,10 +87,14 @@ def test_28_7_a_data_file_name_is_bounded_one_to_one_and_the_pages_compute_the_s
     node = shutil.which("node")
     if node is None:
         pytest.skip("node is not installed: static/format.js's fileName not compared")
-    script = (f"import {{ fileName }} from {json.dumps((ROOT / 'zoo/web/static/format.js').as_uri())};"
-              f"process.stdout.write(fileName({json.dumps(name)}));")
-    assert subprocess.run([node, "--input-type=module", "-e", script], capture_output=True, text=True,
-                          timeout=60).stdout == made
+    script = (
+        f"import {{ fileName }} from {json.dumps((ROOT / 'zoo/web/static/format.js').as_uri())};"
+        f"process.stdout.write(fileName({json.dumps(name)}));"
+    )
+    assert (
+        subprocess.run([node, "--input-type=module", "-e", script], capture_output=True, text=True, timeout=60).stdout
+        == made
+    )
 
 
 def test_28_7_a_folder_that_holds_no_earlier_export_is_not_replaced(registry, tmp_path):
@@ -119,6 +130,7 @@ def _site(path: Path, text: str) -> Path:
 
 def test_28_7_the_swap_by_two_renames_puts_the_new_export_in_place(tmp_path):
     from zoo.web.export import _swap_by_renames
+
     new, out = _site(tmp_path / ".site.new-x", "new"), _site(tmp_path / "site", "old")
     _swap_by_renames(new, out)
     assert (out / "data" / "index.json").read_text() == "new"
@@ -128,6 +140,7 @@ def test_28_7_the_swap_by_two_renames_puts_the_new_export_in_place(tmp_path):
 
 def test_28_7_the_swap_by_two_renames_restores_the_old_export_when_the_second_rename_fails(tmp_path):
     from zoo.web.export import _swap_by_renames
+
     out = _site(tmp_path / "site", "old")
     with pytest.raises(OSError):
         _swap_by_renames(tmp_path / ".site.new-gone", out)  # no such folder: the second rename fails

@@ -51,19 +51,22 @@ def _checkpoint(tmp_path) -> str:
 
 
 # a command of each source with a flag of another source: refused for that flag alone
-@pytest.mark.parametrize("source, valid, foreign", [
-    ("timm", ["resnet18"], ["--author", "org"]),
-    ("timm", ["resnet18"], ["--name", "x"]),
-    ("torchvision", ["resnet18"], ["--results", "catalog/timm-results"]),
-    ("installed", ["resnet18"], ["--pretrained"]),
-    ("installed", ["resnet18"], ["--input", "1,3,8,8"]),
-    ("builder", ["tests.builders:tied_net", "--name", "tied"], ["-j", "2"]),
-    ("builder", ["tests.builders:tied_net", "--name", "tied"], ["--pretrained"]),
-    ("checkpoint", ["CHECKPOINT"], ["--kwargs", "{}"]),
-    ("checkpoint", ["CHECKPOINT"], ["--revision", "main"]),
-    ("hf", ["CHECKPOINT"], ["-j", "2"]),
-    ("hf", ["CHECKPOINT"], ["--input", "1,3,8,8"]),
-])
+@pytest.mark.parametrize(
+    "source, valid, foreign",
+    [
+        ("timm", ["resnet18"], ["--author", "org"]),
+        ("timm", ["resnet18"], ["--name", "x"]),
+        ("torchvision", ["resnet18"], ["--results", "catalog/timm-results"]),
+        ("installed", ["resnet18"], ["--pretrained"]),
+        ("installed", ["resnet18"], ["--input", "1,3,8,8"]),
+        ("builder", ["tests.builders:tied_net", "--name", "tied"], ["-j", "2"]),
+        ("builder", ["tests.builders:tied_net", "--name", "tied"], ["--pretrained"]),
+        ("checkpoint", ["CHECKPOINT"], ["--kwargs", "{}"]),
+        ("checkpoint", ["CHECKPOINT"], ["--revision", "main"]),
+        ("hf", ["CHECKPOINT"], ["-j", "2"]),
+        ("hf", ["CHECKPOINT"], ["--input", "1,3,8,8"]),
+    ],
+)
 def test_a_source_refuses_another_sources_flag_and_writes_nothing(tmp_path, capsys, source, valid, foreign):
     registry = tmp_path / "r.db"
     valid = [_checkpoint(tmp_path) if a == "CHECKPOINT" else a for a in valid]
@@ -81,11 +84,14 @@ def test_patterns_may_follow_options():
 
 
 # hf takes config sources or the hub's listing: not both, and not neither (argparse cannot say so)
-@pytest.mark.parametrize("targets, options, flags", [
-    (["some/repo"], {"author": "org"}, ["some/repo", "--author", "org"]),
-    ([], {"local_cache": True, "revision": "main"}, ["--local-cache", "--revision", "main"]),
-    ([], {}, []),
-])
+@pytest.mark.parametrize(
+    "targets, options, flags",
+    [
+        (["some/repo"], {"author": "org"}, ["some/repo", "--author", "org"]),
+        ([], {"local_cache": True, "revision": "main"}, ["--local-cache", "--revision", "main"]),
+        ([], {}, []),
+    ],
+)
 def test_hf_sources_or_listing_is_checked_once_in_the_api(tmp_path, capsys, monkeypatch, targets, options, flags):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # were the rule gone, the hub is not asked
     registry = tmp_path / "r.db"

@@ -32,8 +32,12 @@ def _check_consistent(url: str) -> list[str]:
     engine = create_engine(url)
     with engine.connect() as conn:
         names = list(conn.scalars(select(Model.name)))
-        orphans = conn.scalar(select(func.count()).select_from(Model).outerjoin(
-            ModelTensors, ModelTensors.model_id == Model.id).where(Model.status == "ok", ModelTensors.model_id.is_(None)))
+        orphans = conn.scalar(
+            select(func.count())
+            .select_from(Model)
+            .outerjoin(ModelTensors, ModelTensors.model_id == Model.id)
+            .where(Model.status == "ok", ModelTensors.model_id.is_(None))
+        )
     engine.dispose()
     assert len(names) == len(set(names)), "duplicate rows"
     assert orphans == 0, "a model without its tensors"
@@ -42,8 +46,14 @@ def _check_consistent(url: str) -> list[str]:
 
 def _indexer(url: str, patterns: list[str], *options: str) -> subprocess.Popen:
     cmd = [sys.executable, "-m", "zoo.cli", "--registry", url, "index", "timm", *patterns, "-q", "--json", *options]
-    return subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"})
+    return subprocess.Popen(
+        cmd,
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"},
+    )
 
 
 def test_overlapping_indexers_and_a_killed_one(backend_url):
@@ -87,8 +97,14 @@ def test_readers_never_see_a_half_written_model(backend_url, tmp_path):
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
 
     def start(*args):
-        return subprocess.Popen([sys.executable, "-m", "tests.readers", *args], cwd=ROOT, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, text=True, env=env)
+        return subprocess.Popen(
+            [sys.executable, "-m", "tests.readers", *args],
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
 
     done = str(tmp_path / "done")
     readers = [start("reader", backend_url, done, *(["get"] if i == 0 else [])) for i in range(3)]

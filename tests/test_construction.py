@@ -90,8 +90,12 @@ def _variants_by_module() -> dict[str, list[str]]:
 # tags that timm builds differently from their architecture, by its published cfgs: a head of another size
 # (in21k: 21843 classes; in12k: 11821), none (fcmae: num_classes 0), and one that its entrypoint reads itself (the
 # Qwen3-VL vision towers: the merger's output width is the language model's, one per tag)
-TAG_CHANGES = {"convnextv2_atto.fcmae", "vit_base_patch16_224.augreg_in21k", "convnext_tiny.in12k",
-               "qwen3_vit_416m_merge.qwen3_vl_8b"}
+TAG_CHANGES = {
+    "convnextv2_atto.fcmae",
+    "vit_base_patch16_224.augreg_in21k",
+    "convnext_tiny.in12k",
+    "qwen3_vit_416m_merge.qwen3_vl_8b",
+}
 
 
 def test_a_timm_variant_stops_at_its_architectures_construction_exactly_when_it_builds_the_same_module():

@@ -33,8 +33,10 @@ def with_weights(small_registry, tmp_path) -> str:
     zoo.connect(small_registry).copy_to(url)
     module = zoo.connect(url).get("user/tied")
     path = tmp_path / "tied.safetensors"
-    save_file({k: torch.zeros(v.shape, dtype=v.dtype) for k, v in module.state_dict().items()
-               if k != "head.weight"}, str(path))
+    save_file(
+        {k: torch.zeros(v.shape, dtype=v.dtype) for k, v in module.state_dict().items() if k != "head.weight"},
+        str(path),
+    )
     zoo.connect(url).add_weights("user/tied", path, tag="v1")
     return url
 
@@ -48,7 +50,8 @@ def test_sqlite_to_postgresql_to_sqlite_is_equal_row_for_row(with_weights, pg_se
     source = _dump(with_weights)
     assert source["weights"] and _dump(pg) == source and _dump(back) == source
     assert zoo.connect(pg).search("params<1e7", order_by="-params") == zoo.connect(with_weights).search(
-        "params<1e7", order_by="-params")
+        "params<1e7", order_by="-params"
+    )
 
 
 def test_an_insert_after_the_copy_gets_a_new_id(with_weights, pg_server, tmp_path):
@@ -127,8 +130,10 @@ def test_a_held_lock_times_out_with_a_registry_error_and_idle_sessions_end(pg_se
         assert time.monotonic() - start < 20 and PASSWORD not in str(err.value)
     db.upgrade(url)  # and once it has gone, it goes through
     with db.engine(url).connect() as conn:
-        assert conn.exec_driver_sql("SHOW idle_in_transaction_session_timeout").scalar() == \
-            f"{db.IDLE_IN_TRANSACTION_S // 60}min"
+        assert (
+            conn.exec_driver_sql("SHOW idle_in_transaction_session_timeout").scalar()
+            == f"{db.IDLE_IN_TRANSACTION_S // 60}min"
+        )
 
 
 @pytest.fixture
@@ -152,8 +157,14 @@ def test_a_copy_that_cannot_be_written_blames_the_target(tmp_path, request, full
     source = str(ROOT / "registry.db")
     folder = request.getfixturevalue("small_tmpfs") if full == "full disk" else tmp_path
     target = folder / "target.db"
-    proc = subprocess.run([sys.executable, "-m", "zoo.cli", "db", "copy", source, str(target)], capture_output=True,
-                          text=True, cwd=ROOT, timeout=600, preexec_fn=None if full == "full disk" else _limit_file_size)
+    proc = subprocess.run(
+        [sys.executable, "-m", "zoo.cli", "db", "copy", source, str(target)],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=600,
+        preexec_fn=None if full == "full disk" else _limit_file_size,
+    )
     assert proc.returncode != 0 and "Traceback" not in proc.stderr, proc.stderr
     assert str(target) in proc.stderr and source not in proc.stderr, proc.stderr
     if full == "full disk":

@@ -35,8 +35,7 @@ def read(source, name, box=None, dtype=None):
 
 def same(a, b) -> bool:
     """Bitwise equal: same dtype, shape and bytes (a NaN equals itself)."""
-    return (a.dtype == b.dtype and a.shape == b.shape
-            and torch.equal(_bytes(a), _bytes(b)))
+    return a.dtype == b.dtype and a.shape == b.shape and torch.equal(_bytes(a), _bytes(b))
 
 
 def _bytes(t):
@@ -81,16 +80,23 @@ def test_single_rank_every_tensor_bitwise(resnet):
 def test_boxes_and_casts(resnet):
     _, state, path = resnet
     with DcpSource(path) as source:
-        for name, box in [("fc.weight", ((3, 10), (0, 512))), ("fc.weight", ((0, 1000), (100, 300))),
-                          ("fc.weight", ((7, 8), (5, 6))), ("conv1.weight", ((1, 4), (0, 3), (2, 5), (0, 7))),
-                          ("conv1.weight", ((0, 64), (1, 2), (0, 7), (3, 4))), ("layer1.0.bn1.bias", ((5, 60),)),
-                          ("fc.bias", ((10, 20),)), ("fc.weight", ((4, 4), (0, 512)))]:
+        for name, box in [
+            ("fc.weight", ((3, 10), (0, 512))),
+            ("fc.weight", ((0, 1000), (100, 300))),
+            ("fc.weight", ((7, 8), (5, 6))),
+            ("conv1.weight", ((1, 4), (0, 3), (2, 5), (0, 7))),
+            ("conv1.weight", ((0, 64), (1, 2), (0, 7), (3, 4))),
+            ("layer1.0.bn1.bias", ((5, 60),)),
+            ("fc.bias", ((10, 20),)),
+            ("fc.weight", ((4, 4), (0, 512))),
+        ]:
             expected = state[name][tuple(slice(a, b) for a, b in box)]
             assert same(read(source, name, box), expected), (name, box)
             assert same(read(source, name, box, torch.float16), expected.to(torch.float16)), (name, box)
         assert same(read(source, "fc.weight", dtype=torch.bfloat16), state["fc.weight"].to(torch.bfloat16))
-        assert same(read(source, "bn1.num_batches_tracked", dtype=torch.float32),
-                    state["bn1.num_batches_tracked"].float())
+        assert same(
+            read(source, "bn1.num_batches_tracked", dtype=torch.float32), state["bn1.num_batches_tracked"].float()
+        )
         with pytest.raises(ValueError):
             read(source, "fc.weight", ((0, 1001), (0, 512)))
 
@@ -119,13 +125,22 @@ def test_groups_and_keys(tmp_path):
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
-    llama = LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
-                                         num_attention_heads=2, num_key_value_heads=1)).to(torch.bfloat16)
+    llama = LlamaForCausalLM(
+        LlamaConfig(
+            vocab_size=64,
+            hidden_size=16,
+            intermediate_size=32,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            num_key_value_heads=1,
+        )
+    ).to(torch.bfloat16)
     state = llama.state_dict()
     assert "lm_head.weight" in state and "model.embed_tokens.weight" in state
     plain = save(state, tmp_path / "plain")
-    grouped = save({"model": state, "optim": {"exp_avg": {k: torch.zeros(2) for k in state}}, "epoch": 2},
-                   tmp_path / "grouped")
+    grouped = save(
+        {"model": state, "optim": {"exp_avg": {k: torch.zeros(2) for k in state}}, "epoch": 2}, tmp_path / "grouped"
+    )
     for path in (plain, grouped):
         with DcpSource(path) as source:
             assert source.specs == {k: Spec("bfloat16", tuple(v.shape)) for k, v in state.items()}
@@ -139,6 +154,7 @@ def test_groups_and_keys(tmp_path):
 
 # --- two ranks, FSDP2 -------------------------------------------------------------------------
 
+
 def _rank(rank: int, tmp: str) -> None:
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
@@ -146,8 +162,9 @@ def _rank(rank: int, tmp: str) -> None:
     from torch.distributed.tensor import Shard, distribute_tensor
 
     torch.set_num_threads(1)  # the ranks share two cores with the test process
-    dist.init_process_group("gloo", init_method=f"file://{tmp}/rendezvous", rank=rank, world_size=2,
-                            timeout=timedelta(seconds=120))  # a rank stuck in a collective fails, not hangs
+    dist.init_process_group(
+        "gloo", init_method=f"file://{tmp}/rendezvous", rank=rank, world_size=2, timeout=timedelta(seconds=120)
+    )  # a rank stuck in a collective fails, not hangs
     try:
         mesh = init_device_mesh("cpu", (2,))
         model = small_model()
@@ -190,8 +207,13 @@ def test_two_ranks_read_in_one_process(two_ranks):
         assert source.specs == {k: Spec("float32", tuple(v.shape)) for k, v in expected.items()}
         for name, value in expected.items():
             assert same(read(source, name), value), name
-        for name, box in [("0.weight", ((2, 4), (1, 5))), ("columns", ((1, 6), (2, 4))), ("0.bias", ((1, 5),)),
-                          ("columns", ((0, 7), (3, 5))), ("2.weight", ((1, 3), (0, 5)))]:
+        for name, box in [
+            ("0.weight", ((2, 4), (1, 5))),
+            ("columns", ((1, 6), (2, 4))),
+            ("0.bias", ((1, 5),)),
+            ("columns", ((0, 7), (3, 5))),
+            ("2.weight", ((1, 3), (0, 5))),
+        ]:
             value = expected[name][tuple(slice(a, b) for a, b in box)]
             assert same(read(source, name, box), value), (name, box)
             assert same(read(source, name, box, torch.float64), value.double()), (name, box)
@@ -211,6 +233,7 @@ def test_only_intersecting_chunks_are_read(two_ranks, tmp_path):
 
 
 # --- bad input --------------------------------------------------------------------------------
+
 
 @pytest.fixture
 def small(tmp_path):
@@ -298,7 +321,7 @@ def test_corrupt_chunk_bytes(small):
     info = next(v for k, v in metadata.storage_data.items() if k.fqn == "0.weight")
     data = path / info.relative_path
     raw = bytearray(data.read_bytes())
-    raw[info.offset + info.length - 22:info.offset + info.length] = bytes(22)  # the zip's end record
+    raw[info.offset + info.length - 22 : info.offset + info.length] = bytes(22)  # the zip's end record
     data.write_bytes(raw)
     with DcpSource(path) as source:
         assert same(read(source, "0.bias"), small[1]["0.bias"])
@@ -342,6 +365,7 @@ def test_metadata_not_a_file(tmp_path):
 
 
 # --- end to end -------------------------------------------------------------------------------
+
 
 def test_materialize_from_dcp(resnet):
     import timm

@@ -20,7 +20,7 @@ from torch.nn.modules.batchnorm import _BatchNorm
 
 from tests import dropin_support as ds
 from tests.conftest import cli_json
-from tests.dropin_support import CASES, LLAMA, MOE, OPTIMIZERS, differing, optimizer_tensors, part, predict, train
+from tests.dropin_support import CASES, LLAMA, MOE, differing, optimizer_tensors, part, predict, train
 from tests.test_training_code import saved_size
 
 R18, MBV3, VIT = "timm/resnet18", "torchvision/mobilenet_v3_small", "timm/vit_tiny_patch16_224"
@@ -52,8 +52,8 @@ def assert_same_model(got, want) -> None:
 
 # --- training ------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("optimizer, load", [("adamw", "views"), ("sgd", "views"), ("sgd", "copy"),
-                                             ("adamw", "cast")])
+
+@pytest.mark.parametrize("optimizer, load", [("adamw", "views"), ("sgd", "views"), ("sgd", "copy"), ("adamw", "cast")])
 @pytest.mark.parametrize("name", list(CASES))
 def test_three_optimizer_steps_equal_the_library_models(sample, name, optimizer, load):
     case = CASES[name]
@@ -88,6 +88,7 @@ def test_a_one_ulp_change_in_one_weight_is_seen(sample):
 
 
 # --- torch.save ------------------------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("load", ds.LOADS)
 @pytest.mark.parametrize("name", list(CASES))
@@ -132,6 +133,7 @@ def test_copies_behave_as_the_library_models_copies(sample, name, how):
 
 
 # --- torch.compile -----------------------------------------------------------------------------------------
+
 
 @pytest.fixture(scope="session")
 def inductor_dir(tmp_path_factory):
@@ -184,6 +186,7 @@ def test_torch_compile_inductor_trains_as_the_library_model(sample, name, fresh_
 
 # --- bf16 --------------------------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("name", [R18, MBV3, VIT, LLAMA, MOE])
 @pytest.mark.parametrize("precision", ["autocast", "bf16-weights"])
 def test_bfloat16_trains_as_the_library_model(sample, name, precision):
@@ -204,6 +207,7 @@ def test_bfloat16_trains_as_the_library_model(sample, name, precision):
 
 # --- distributed: gloo ranks, each running every check of its world size --------------------------------
 
+
 def _spawn(sample: ds.Sample, world: int, out_dir, names) -> str:
     import torch.multiprocessing as mp
 
@@ -211,8 +215,11 @@ def _spawn(sample: ds.Sample, world: int, out_dir, names) -> str:
         sample.weights(name)
     with pytest.MonkeyPatch.context() as patch:  # module-scoped: before the autouse fixture, so set here too
         patch.setenv("ZOO_CACHE", str(out_dir / "zoo_cache"))
-        mp.spawn(ds.ranks_main, args=(world, str(out_dir / "init"), str(sample.root), sample.hf_url, str(out_dir)),
-                 nprocs=world)
+        mp.spawn(
+            ds.ranks_main,
+            args=(world, str(out_dir / "init"), str(sample.root), sample.hf_url, str(out_dir)),
+            nprocs=world,
+        )
     return str(out_dir)
 
 
@@ -230,6 +237,7 @@ def four_ranks(sample, tmp_path_factory) -> str:
 def assert_ranks_agree(out_dir: str, check: str, world: int, placements: tuple = ()) -> None:
     """On every rank the zoo side's parameters are placed as the eager side's (those named in `placements`
     among them), and its losses and gathered final weights are equal, bit for bit."""
+
     def results(side):
         return [torch.load(f"{out_dir}/{ds.label(check, side)}-{r}.pt", weights_only=True) for r in range(world)]
 

@@ -29,7 +29,9 @@ def test_a_family_in_one_file_works_end_to_end(toy, capsys):
 
     # parameters counted by hand: 8x16 + 16 + 16x3 + 3 = 195; the wide variant 8x64 + 64 + 64x3 + 3 = 771
     assert [(i.name, i.params) for i in toy.search("family=toy", order_by="params")] == [
-        ("toy/mlp", 195), ("toy/mlp.wide", 771)]
+        ("toy/mlp", 195),
+        ("toy/mlp.wide", 771),
+    ]
     assert [i.name for i in toy.search("family=toy and kind=variant and license=mit")] == ["toy/mlp.wide"]
     info = toy.info("toy/mlp")
     assert (info.task, info.scan_status, info.flops) == ("toy-regression", "ok", 2 * (8 * 16 + 16 * 3))
@@ -43,4 +45,3 @@ def test_a_family_in_one_file_works_end_to_end(toy, capsys):
     assert main(["--registry", toy.url, "show", "toy/mlp.wide"]) == 0
     shown = capsys.readouterr().out
     assert "toy/mlp.wide" in shown and "771" in shown and "toy-regression" in shown
-

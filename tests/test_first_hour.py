@@ -14,14 +14,22 @@ transformers = pytest.importorskip("transformers")
 @pytest.fixture(scope="module")
 def tiny_llama(tmp_path_factory):
     root = tmp_path_factory.mktemp("first-hour")
-    transformers.LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
-                             num_key_value_heads=1, vocab_size=64, max_position_embeddings=64).save_pretrained(root / "c")
+    transformers.LlamaConfig(
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        vocab_size=64,
+        max_position_embeddings=64,
+    ).save_pretrained(root / "c")
     registry = zoo.connect(f"sqlite:///{root / 'tiny.db'}")
     assert registry.index("hf", [str(root / "c")], name="hf/test-org/tiny-llama").failed == {}
     return registry
 
 
 # --- 17. estimate: notes, warnings, flags --------------------------------------------------------
+
 
 def test_17_a_llama_estimate_notes_no_multi_latent_attention(tiny_llama):
     got = tiny_llama.estimate("hf/test-org/tiny-llama", seq_len=8)
@@ -34,16 +42,20 @@ def test_17_no_transformers_deprecation_warning_leaks_from_an_estimate(tiny_llam
     assert "deprecated" not in proc.stderr and "past_key_values" not in proc.stderr, proc.stderr
 
 
-@pytest.mark.parametrize("args, flag", [
-    (("--weights-dtype", "int8", "--training"), "--weights-dtype"),
-    (("--checkpointing",), "--training"),
-    (("--kv-dtype", "fp4"), "--kv-dtype"),
-])
+@pytest.mark.parametrize(
+    "args, flag",
+    [
+        (("--weights-dtype", "int8", "--training"), "--weights-dtype"),
+        (("--checkpointing",), "--training"),
+        (("--kv-dtype", "fp4"), "--kv-dtype"),
+    ],
+)
 def test_17_cli_errors_name_the_flags_not_python_arguments(tiny_llama, args, flag):
     proc = run_cli("estimate", "hf/test-org/tiny-llama", *args, registry=tiny_llama.url, check=False)
     assert proc.returncode == 1 and flag in proc.stderr, proc.stderr
-    assert not any(word in proc.stderr for word in ("weights_dtype", "kv_dtype", "training=True", "seq_len")), \
+    assert not any(word in proc.stderr for word in ("weights_dtype", "kv_dtype", "training=True", "seq_len")), (
         proc.stderr
+    )
 
 
 def test_17_seq_len_and_kv_dtype_are_refused_for_a_vision_model(zoo_at):
@@ -57,6 +69,7 @@ def test_17_seq_len_and_kv_dtype_are_refused_for_a_vision_model(zoo_at):
 
 
 # --- 18. commands and names the user can use ------------------------------------------------------
+
 
 def test_18_tokenizer_not_cached_names_the_installed_download_command(tiny_llama, tmp_path, monkeypatch):
     import sys
@@ -75,13 +88,22 @@ def test_18_tokenizer_not_cached_names_the_installed_download_command(tiny_llama
 
 
 def test_18_a_missing_local_cache_says_where_it_looked_not_cache_dir(tmp_path):
-    proc = run_cli("index", "hf", "--local-cache", "-q", "--registry", str(tmp_path / "r.db"), check=False,
-                   env_extra={"HF_HUB_CACHE": str(tmp_path / "nowhere")})
+    proc = run_cli(
+        "index",
+        "hf",
+        "--local-cache",
+        "-q",
+        "--registry",
+        str(tmp_path / "r.db"),
+        check=False,
+        env_extra={"HF_HUB_CACHE": str(tmp_path / "nowhere")},
+    )
     assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
     assert "cache_dir" not in proc.stderr and "HF_HUB_CACHE" in proc.stderr and "nowhere" in proc.stderr
 
 
 # --- 13 and 15. the README as a newcomer reads it --------------------------------------------------
+
 
 def _readme() -> str:
     from tests.conftest import ROOT
@@ -113,17 +135,30 @@ def test_15_every_bare_name_the_readme_shows_resolves_on_the_shipped_registry(mo
 def test_15_the_readme_records_a_weights_tag_before_loading_it_and_installs_extras_from_the_checkout():
     text = _readme()
     first_use = text.index('weights="default"')
-    assert "zoo weights add" in text[:text.index("\n", first_use)], "weights='default' before any zoo weights add"
+    assert "zoo weights add" in text[: text.index("\n", first_use)], "weights='default' before any zoo weights add"
     assert "pip install 'zoo[" not in text and "pip install -e '.[web]'" in text
 
 
 # --- 19. help, usage and what the CLI records --------------------------------------------------------
 
-@pytest.mark.parametrize("command, argument", [
-    ("search", "expression"), ("search", "--json"), ("search", "--limit"), ("show", "name"), ("check", "weights"),
-    ("estimate", "--batch"), ("estimate", "--dtype"), ("weights", "--tag"), ("index timm", "-j"), ("index hf", "--limit"),
-    ("index builder", "--kwargs"), ("rm", "name"),
-])
+
+@pytest.mark.parametrize(
+    "command, argument",
+    [
+        ("search", "expression"),
+        ("search", "--json"),
+        ("search", "--limit"),
+        ("show", "name"),
+        ("check", "weights"),
+        ("estimate", "--batch"),
+        ("estimate", "--dtype"),
+        ("weights", "--tag"),
+        ("index timm", "-j"),
+        ("index hf", "--limit"),
+        ("index builder", "--kwargs"),
+        ("rm", "name"),
+    ],
+)
 def test_19_every_argument_has_help_and_shows_its_default(command, argument):
     from zoo.cli import parser
 
@@ -169,8 +204,9 @@ def test_19_weights_list_shows_a_recorded_file_under_file_not_dataset(zoo_at, fr
 
 
 def test_19_reindexing_a_builder_without_input_keeps_the_recorded_input(fresh_url):
-    cli_json("index", "builder", "tests.builders:conv_net", "--name", "convy", "--input", "1,3,32,32",
-             registry=fresh_url)
+    cli_json(
+        "index", "builder", "tests.builders:conv_net", "--name", "convy", "--input", "1,3,32,32", registry=fresh_url
+    )
     before = zoo.connect(fresh_url).info("user/convy")
     cli_json("index", "builder", "tests.builders:conv_net", "--name", "convy", "--force", registry=fresh_url)
     after = zoo.connect(fresh_url).info("user/convy")

@@ -14,11 +14,11 @@ from pathlib import Path
 import pytest
 
 transformers = pytest.importorskip("transformers")
-import torch  # noqa: E402
+import torch  # noqa: E402 - after importorskip
 
-import zoo  # noqa: E402
-from tests.conftest import ROOT, cli_json  # noqa: E402
-from zoo.errors import CheckpointError, HubUnavailable, InvalidRecipe, UntrustedBuilder  # noqa: E402
+import zoo  # noqa: E402 - after importorskip
+from tests.conftest import ROOT, cli_json  # noqa: E402 - after importorskip
+from zoo.errors import CheckpointError, HubUnavailable, InvalidRecipe, UntrustedBuilder  # noqa: E402 - after importorskip
 
 CATALOG = ROOT / "catalog" / "hf"
 PUBLISHED = json.loads((CATALOG / "published.json").read_text())
@@ -27,34 +27,110 @@ REPO = "test-org/tiny-llama"
 
 # Tiny random configs: a few layers, small widths; each family's interesting parts kept (GQA, tied
 # embeddings, llama3 RoPE scaling, sliding window, qkv biases, an encoder-decoder, a masked LM).
-_LLAMA3_ROPE = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
-                "high_freq_factor": 4.0, "original_max_position_embeddings": 64}
+_LLAMA3_ROPE = {
+    "rope_type": "llama3",
+    "rope_theta": 500000.0,
+    "factor": 8.0,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 64,
+}
 TINY = {
-    "llama": ("LlamaConfig", "AutoModelForCausalLM",
-              dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                   num_key_value_heads=2, vocab_size=128, max_position_embeddings=256, tie_word_embeddings=True,
-                   rope_parameters=_LLAMA3_ROPE)),
-    "mistral": ("MistralConfig", "AutoModelForCausalLM",
-                dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                     num_key_value_heads=2, vocab_size=128, sliding_window=4, tie_word_embeddings=False)),
-    "qwen2": ("Qwen2Config", "AutoModelForCausalLM",
-              dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                   num_key_value_heads=2, vocab_size=128, tie_word_embeddings=True)),
-    "gpt2": ("GPT2Config", "AutoModelForCausalLM",
-             dict(n_embd=64, n_layer=2, n_head=4, vocab_size=128, n_positions=64, bos_token_id=0, eos_token_id=0)),
-    "bert": ("BertConfig", "AutoModelForMaskedLM",
-             dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                  vocab_size=128, max_position_embeddings=64)),
-    "t5": ("T5Config", "AutoModelForSeq2SeqLM",
-           dict(d_model=64, d_ff=128, d_kv=16, num_layers=2, num_decoder_layers=2, num_heads=4, vocab_size=128)),
+    "llama": (
+        "LlamaConfig",
+        "AutoModelForCausalLM",
+        dict(
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            vocab_size=128,
+            max_position_embeddings=256,
+            tie_word_embeddings=True,
+            rope_parameters=_LLAMA3_ROPE,
+        ),
+    ),
+    "mistral": (
+        "MistralConfig",
+        "AutoModelForCausalLM",
+        dict(
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            vocab_size=128,
+            sliding_window=4,
+            tie_word_embeddings=False,
+        ),
+    ),
+    "qwen2": (
+        "Qwen2Config",
+        "AutoModelForCausalLM",
+        dict(
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            vocab_size=128,
+            tie_word_embeddings=True,
+        ),
+    ),
+    "gpt2": (
+        "GPT2Config",
+        "AutoModelForCausalLM",
+        dict(n_embd=64, n_layer=2, n_head=4, vocab_size=128, n_positions=64, bos_token_id=0, eos_token_id=0),
+    ),
+    "bert": (
+        "BertConfig",
+        "AutoModelForMaskedLM",
+        dict(
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            vocab_size=128,
+            max_position_embeddings=64,
+        ),
+    ),
+    "t5": (
+        "T5Config",
+        "AutoModelForSeq2SeqLM",
+        dict(d_model=64, d_ff=128, d_kv=16, num_layers=2, num_decoder_layers=2, num_heads=4, vocab_size=128),
+    ),
     # MoE: save_pretrained writes one key per expert, the model holds them fused (transformers converts)
-    "mixtral": ("MixtralConfig", "AutoModelForCausalLM",
-                dict(hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
-                     num_key_value_heads=2, vocab_size=128, num_local_experts=4, num_experts_per_tok=2)),
-    "qwen2_moe": ("Qwen2MoeConfig", "AutoModelForCausalLM",
-                  dict(hidden_size=64, intermediate_size=128, moe_intermediate_size=32, num_hidden_layers=2,
-                       num_attention_heads=4, num_key_value_heads=2, vocab_size=128, num_experts=4,
-                       num_experts_per_tok=2, shared_expert_intermediate_size=64)),
+    "mixtral": (
+        "MixtralConfig",
+        "AutoModelForCausalLM",
+        dict(
+            hidden_size=64,
+            intermediate_size=96,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            vocab_size=128,
+            num_local_experts=4,
+            num_experts_per_tok=2,
+        ),
+    ),
+    "qwen2_moe": (
+        "Qwen2MoeConfig",
+        "AutoModelForCausalLM",
+        dict(
+            hidden_size=64,
+            intermediate_size=128,
+            moe_intermediate_size=32,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            vocab_size=128,
+            num_experts=4,
+            num_experts_per_tok=2,
+            shared_expert_intermediate_size=64,
+        ),
+    ),
 }
 NAMES = {kind: "hf/test/tiny-llama" if kind == "llama" else f"hf/tiny-{kind}" for kind in TINY}
 
@@ -226,8 +302,9 @@ def test_moe_rank_holding_some_experts_reads_just_those(tiny):
         for name in ("gate_up_proj", "down_proj"):
             full = getattr(experts, name)
             local = torch.empty((2, *full.shape[1:]), device="meta")
-            sharded = DTensor.from_local(local, mesh, [Shard(0)], shape=full.shape, stride=full.stride(),
-                                         run_check=False)
+            sharded = DTensor.from_local(
+                local, mesh, [Shard(0)], shape=full.shape, stride=full.stride(), run_check=False
+            )
             setattr(experts, name, torch.nn.Parameter(sharded))
         m.materialize(weights=str(dirs["mixtral"]))
         for name in ("gate_up_proj", "down_proj"):
@@ -301,10 +378,11 @@ def test_overrides_rebuild_with_other_config_fields(tiny):
 
 # --- safety ---------------------------------------------------------------------------------
 
+
 def test_only_allowed_auto_classes_and_no_remote_code():
     from zoo.build import build_meta
-    from zoo.recipe import Recipe
     from zoo.families import hf
+    from zoo.recipe import Recipe
 
     config = {"model_type": "llama", "hidden_size": 64}
     for builder in ("AutoModelForFoo", "LlamaForCausalLM", "transformers:AutoModel", "os.system"):
@@ -354,15 +432,18 @@ def test_a_build_never_touches_the_network(monkeypatch):
 
 def test_search_and_info_do_not_import_transformers(catalog):
     url = catalog
-    code = ("import sys, zoo\n"
-            "z = zoo.connect(sys.argv[1])\n"
-            "assert z.search('params<7e9 and task=text-generation') and z.info('hf/meta-llama/Llama-3.1-405B')\n"
-            "import zoo.families.hf, zoo.weights.hub\n"
-            "assert 'transformers' not in sys.modules and 'torch' not in sys.modules, 'imported'\n")
+    code = (
+        "import sys, zoo\n"
+        "z = zoo.connect(sys.argv[1])\n"
+        "assert z.search('params<7e9 and task=text-generation') and z.info('hf/meta-llama/Llama-3.1-405B')\n"
+        "import zoo.families.hf, zoo.weights.hub\n"
+        "assert 'transformers' not in sys.modules and 'torch' not in sys.modules, 'imported'\n"
+    )
     subprocess.run([sys.executable, "-c", code, url], check=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
 
 
 # --- the catalog ----------------------------------------------------------------------------
+
 
 @pytest.fixture
 def catalog(hf_catalog):
@@ -397,9 +478,11 @@ def published_disagreement(count: int, entry: dict) -> str | None:
 def catalog_count(info, entry: dict) -> int:
     count = info.params
     if "plus_buffers" in entry:  # a checkpoint tensor that transformers keeps as a persistent buffer
-        count += sum(t.numel for t in info.tensor_table
-                     if t.kind == "buffer" and t.persistent and t.tied_to is None
-                     and t.name.endswith(entry["plus_buffers"]))
+        count += sum(
+            t.numel
+            for t in info.tensor_table
+            if t.kind == "buffer" and t.persistent and t.tied_to is None and t.name.endswith(entry["plus_buffers"])
+        )
     return count
 
 
@@ -462,7 +545,9 @@ def test_the_405b_model_is_got_on_meta_without_allocating_its_weights(catalog):
     registry = zoo.connect(catalog)
     registry.get("hf/meta-llama/Llama-3.2-1B")  # transformers' llama modules imported: not what this measures
     model_cache.clear()
-    open("/proc/self/clear_refs", "w").write("5")  # peak RSS (VmHWM) reset to now: earlier tests' peaks don't hide this one
+    open("/proc/self/clear_refs", "w").write(
+        "5"
+    )  # peak RSS (VmHWM) reset to now: earlier tests' peaks don't hide this one
     rss = _status_kib("VmHWM")
     m = registry.get("hf/meta-llama/Llama-3.1-405B")
     assert sum(p.numel() for p in m.parameters()) == PUBLISHED["hf/meta-llama/Llama-3.1-405B"]["params"]
@@ -480,14 +565,17 @@ def test_the_shipped_registry_holds_the_catalog():
     except SchemaOutdated:
         shipped = set()
     if not set(PUBLISHED) <= shipped:
-        pytest.skip(f"registry.db predates the hf catalog ({len(set(PUBLISHED) - shipped)} of its models missing): "
-                    f"rebuild it with `make registry`")
+        pytest.skip(
+            f"registry.db predates the hf catalog ({len(set(PUBLISHED) - shipped)} of its models missing): "
+            f"rebuild it with `make registry`"
+        )
     for name, entry in PUBLISHED.items():
         if "plus_buffers" not in entry:
             assert published_disagreement(registry.info(name).params, entry) is None, name
 
 
 # --- hf:// weights --------------------------------------------------------------------------
+
 
 def shards(folder: Path) -> list[str]:
     index = json.loads((folder / "model.safetensors.index.json").read_text())

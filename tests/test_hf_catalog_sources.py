@@ -21,13 +21,33 @@ DTYPES = {"float32", "float16", "bfloat16"}
 
 # The file shipped before this check (a copy of a copy that left out three of the hub file's keys).
 UNFIXED_LLAMA_3_1_8B_INSTRUCT = {
-    "attention_bias": False, "attention_dropout": 0.0, "bos_token_id": 128000, "eos_token_id": [128001, 128008, 128009],
-    "hidden_act": "silu", "hidden_size": 4096, "initializer_range": 0.02, "intermediate_size": 14336,
-    "max_position_embeddings": 131072, "mlp_bias": False, "model_type": "llama", "num_attention_heads": 32,
-    "num_hidden_layers": 32, "num_key_value_heads": 8, "pretraining_tp": 1, "rms_norm_eps": 1e-05,
-    "rope_scaling": {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-                     "original_max_position_embeddings": 8192, "rope_type": "llama3"},
-    "rope_theta": 500000.0, "tie_word_embeddings": False, "use_cache": True, "vocab_size": 128256,
+    "attention_bias": False,
+    "attention_dropout": 0.0,
+    "bos_token_id": 128000,
+    "eos_token_id": [128001, 128008, 128009],
+    "hidden_act": "silu",
+    "hidden_size": 4096,
+    "initializer_range": 0.02,
+    "intermediate_size": 14336,
+    "max_position_embeddings": 131072,
+    "mlp_bias": False,
+    "model_type": "llama",
+    "num_attention_heads": 32,
+    "num_hidden_layers": 32,
+    "num_key_value_heads": 8,
+    "pretraining_tp": 1,
+    "rms_norm_eps": 1e-05,
+    "rope_scaling": {
+        "factor": 8.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 8192,
+        "rope_type": "llama3",
+    },
+    "rope_theta": 500000.0,
+    "tie_word_embeddings": False,
+    "use_cache": True,
+    "vocab_size": 128256,
 }
 
 
@@ -69,8 +89,10 @@ def language_model_problems(config: dict, entry: dict) -> list[str]:
     dtype = config.get("torch_dtype", config.get("dtype"))
     no_dtype = entry.get("config_no_dtype")
     if dtype is None and not no_dtype:
-        problems.append("no torch_dtype or dtype: built and sized at float32, and published.json does not record "
-                        "(config_no_dtype) that the source has none")
+        problems.append(
+            "no torch_dtype or dtype: built and sized at float32, and published.json does not record "
+            "(config_no_dtype) that the source has none"
+        )
     elif dtype is not None and dtype not in DTYPES:
         problems.append(f"dtype {dtype!r} is not one of {sorted(DTYPES)}")
     elif dtype is not None and no_dtype:
@@ -107,10 +129,26 @@ def test_the_checks_catch_what_they_are_for():
     assert language_model_problems(fixed, {}) == []
     assert "stale" in language_model_problems(fixed, {"config_no_dtype": "the hub file has none"})[0]
     assert not is_language_model(json.loads((CATALOG / "google-bert__bert-base-uncased.json").read_text()))
-    assert provenance_problems("hf/a/b", {"config_repo": "a/b", "config_revision": None, "config_url": None,
-                                          "config_status": "copy", "config_source": "x"})
-    assert provenance_problems("hf/a/b", {"config_repo": "a/b", "config_revision": "main", "config_url": None,
-                                          "config_status": "copy", "config_source": "x"})
+    assert provenance_problems(
+        "hf/a/b",
+        {
+            "config_repo": "a/b",
+            "config_revision": None,
+            "config_url": None,
+            "config_status": "copy",
+            "config_source": "x",
+        },
+    )
+    assert provenance_problems(
+        "hf/a/b",
+        {
+            "config_repo": "a/b",
+            "config_revision": "main",
+            "config_url": None,
+            "config_status": "copy",
+            "config_source": "x",
+        },
+    )
 
 
 def test_the_shipped_registry_is_built_from_the_catalog_files_as_they_are():

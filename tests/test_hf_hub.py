@@ -9,7 +9,6 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import parse_qs, urlencode, urlparse
@@ -18,13 +17,20 @@ import pytest
 
 transformers = pytest.importorskip("transformers")
 
-import zoo  # noqa: E402
-from tests.conftest import ROOT  # noqa: E402
+import zoo  # noqa: E402 - after importorskip
+from tests.conftest import ROOT  # noqa: E402 - after importorskip
 
 PAGE = 2  # repos per listing page: several pages for a handful of repos
 
-SMALL = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-             vocab_size=64, max_position_embeddings=64)
+SMALL = dict(
+    hidden_size=32,
+    intermediate_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    vocab_size=64,
+    max_position_embeddings=64,
+)
 
 
 def _saved(tmp: Path, config) -> tuple[dict, int]:
@@ -73,18 +79,24 @@ class Hub:
             def _listing(self, url):
                 query = parse_qs(url.query)
                 hub.requests.append("list " + url.query)
-                found = [r for r in hub.repos
-                         if (not query.get("author") or r["id"].split("/")[0] == query["author"][0])
-                         and (not query.get("search") or query["search"][0].lower() in r["id"].lower())
-                         and all(f in r["tags"] or f == r.get("pipeline_tag") for f in query.get("filter", []))]
+                found = [
+                    r
+                    for r in hub.repos
+                    if (not query.get("author") or r["id"].split("/")[0] == query["author"][0])
+                    and (not query.get("search") or query["search"][0].lower() in r["id"].lower())
+                    and all(f in r["tags"] or f == r.get("pipeline_tag") for f in query.get("filter", []))
+                ]
                 start = int(query.get("p", ["0"])[0])
                 size = min(PAGE, int(query.get("limit", [PAGE])[0]))
-                items = [{k: v for k, v in r.items() if k not in ("config", "files")} for r in found[start:start + size]]
+                items = [
+                    {k: v for k, v in r.items() if k not in ("config", "files")} for r in found[start : start + size]
+                ]
                 headers = [("Content-Type", "application/json")]
                 if start + size < len(found):  # the hub's pagination: a Link header with rel="next"
                     nxt = {k: v for k, v in query.items()} | {"p": [str(start + size)]}
-                    headers.append(("Link", f'<http://{self.headers["Host"]}/api/models?{urlencode(nxt, doseq=True)}>; '
-                                            f'rel="next"'))
+                    headers.append(
+                        ("Link", f'<http://{self.headers["Host"]}/api/models?{urlencode(nxt, doseq=True)}>; rel="next"')
+                    )
                 return self._send(200, json.dumps(items).encode(), headers)
 
             def _file(self):
@@ -101,8 +113,13 @@ class Hub:
                 if entry is None:
                     return self._send(404, headers=[("X-Error-Code", "RepoNotFound")])
                 if entry["gated"] and name:
-                    return self._send(401, headers=[("X-Error-Code", "GatedRepo"),
-                                                    ("X-Error-Message", "Access to this repo is restricted")])
+                    return self._send(
+                        401,
+                        headers=[
+                            ("X-Error-Code", "GatedRepo"),
+                            ("X-Error-Message", "Access to this repo is restricted"),
+                        ],
+                    )
                 if hub.hold == repo:
                     hub.held.set()
                     hub.release.wait(60)
@@ -111,8 +128,15 @@ class Hub:
                 data = entry["files"].get(name)
                 if data is None:
                     return self._send(404, headers=[("X-Error-Code", "EntryNotFound"), ("X-Repo-Commit", entry["sha"])])
-                return self._send(200, data, [("X-Repo-Commit", entry["sha"]),
-                                              ("ETag", '"%s"' % hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest())])
+                blob_sha1 = hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()  # git's blob id
+                return self._send(
+                    200,
+                    data,
+                    [
+                        ("X-Repo-Commit", entry["sha"]),
+                        ("ETag", f'"{blob_sha1}"'),
+                    ],
+                )
 
             def do_HEAD(self):
                 self._file()
@@ -127,9 +151,18 @@ class Hub:
 
 def _repo(repo_id, config=None, total=None, gated=False, tags=("transformers",), task="text-generation", n=0):
     files = {"config.json": json.dumps(config).encode()} if config is not None else {}
-    item = {"id": repo_id, "sha": hashlib.sha1(repo_id.encode() + bytes([n])).hexdigest(),
-            "lastModified": "2025-03-04T05:06:07.000Z", "downloads": 1000 + n, "likes": 10 + n, "gated": gated,
-            "pipeline_tag": task, "tags": [*tags, "license:apache-2.0"], "private": False, "files": files}
+    item = {
+        "id": repo_id,
+        "sha": hashlib.sha1(repo_id.encode() + bytes([n])).hexdigest(),
+        "lastModified": "2025-03-04T05:06:07.000Z",
+        "downloads": 1000 + n,
+        "likes": 10 + n,
+        "gated": gated,
+        "pipeline_tag": task,
+        "tags": [*tags, "license:apache-2.0"],
+        "private": False,
+        "files": files,
+    }
     if total is not None:
         item["safetensors"] = {"parameters": {"F32": total}, "total": total}
     return item
@@ -173,8 +206,14 @@ def hub(models, tmp_path, monkeypatch):
     monkeypatch.setattr(constants, "HF_TOKEN_PATH", str(home / "token"))
     monkeypatch.setattr(constants, "HF_STORED_TOKENS_PATH", str(home / "stored_tokens"))
     monkeypatch.delenv("HF_TOKEN", raising=False)
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_ENDPOINT": endpoint, "HF_HUB_CACHE": str(cache),
-           "HF_HOME": str(home), "HF_HUB_DISABLE_TELEMETRY": "1"}
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(ROOT),
+        "HF_ENDPOINT": endpoint,
+        "HF_HUB_CACHE": str(cache),
+        "HF_HOME": str(home),
+        "HF_HUB_DISABLE_TELEMETRY": "1",
+    }
     env.pop("HF_TOKEN", None)
     env.pop("HF_HUB_OFFLINE", None)
     yield state, endpoint, env
@@ -193,15 +232,25 @@ def test_bulk_index_pages_through_the_listing_and_records_every_repo(hub, tmp_pa
     outcome = zoo.connect(url).index_hub(author="test-org")
     lists = [r for r in state.requests if r.startswith("list ")]
     assert len(lists) == 4  # 7 repos, 2 a page: the Link header was followed to the end
-    assert sorted(outcome.indexed) == ["hf/test-org/flaky", "hf/test-org/llama-a", "hf/test-org/llama-c",
-                                       "hf/test-org/qwen-b"]
+    assert sorted(outcome.indexed) == [
+        "hf/test-org/flaky",
+        "hf/test-org/llama-a",
+        "hf/test-org/llama-c",
+        "hf/test-org/qwen-b",
+    ]
     assert set(outcome.failed) == {"hf/test-org/gated", "hf/test-org/no-config", "hf/test-org/remote-code"}
     rows = _rows(url)
     assert "hf/other-org/llama-z" not in rows  # another author's repo is not listed
     registry = zoo.connect(url)
     a = registry.info("hf/test-org/llama-a")
-    assert (a.status, a.downloads, a.likes, a.license, a.gated, a.task) == ("ok", 1001, 11, "apache-2.0", "false",
-                                                                             "text-generation")
+    assert (a.status, a.downloads, a.likes, a.license, a.gated, a.task) == (
+        "ok",
+        1001,
+        11,
+        "apache-2.0",
+        "false",
+        "text-generation",
+    )
     assert a.last_modified.isoformat().startswith("2025-03-04T05:06:07")
     assert a.hub_params == a.params == hub_total(state, "test-org/llama-a")  # tied embeddings stored once
     assert a.card["hub_params_check"] == "equal"
@@ -228,8 +277,11 @@ def test_search_filter_and_limit_reach_the_listing(hub, tmp_path):
     state, _, _ = hub
     url = f"sqlite:///{tmp_path / 'r.db'}"
     registry = zoo.connect(url)
-    assert registry.index_hub(search="llama-").indexed == ["hf/test-org/llama-a", "hf/test-org/llama-c",
-                                                           "hf/other-org/llama-z"]
+    assert registry.index_hub(search="llama-").indexed == [
+        "hf/test-org/llama-a",
+        "hf/test-org/llama-c",
+        "hf/other-org/llama-z",
+    ]
     assert registry.index_hub(filter="chat", force=True).indexed == ["hf/test-org/llama-c"]
     limited = registry.index_hub(author="test-org", limit=3)
     assert len(limited.indexed) + len(limited.unchanged) + len(limited.failed) == 3
@@ -264,8 +316,13 @@ def test_a_killed_run_resumes_without_redoing_finished_repos(hub, tmp_path):
     db_path = tmp_path / "r.db"
     env = {**env, "ZOO_REGISTRY": str(db_path)}
     state.hold = "test-org/qwen-b"
-    proc = subprocess.Popen([sys.executable, "-m", "zoo.cli", "index", "hf", "--author", "test-org", "--json"],
-                            env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "zoo.cli", "index", "hf", "--author", "test-org", "--json"],
+        env=env,
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
     try:
         assert state.held.wait(300), proc.communicate(timeout=5)
     finally:
@@ -275,10 +332,20 @@ def test_a_killed_run_resumes_without_redoing_finished_repos(hub, tmp_path):
     state.release.set()
     url = f"sqlite:///{db_path}"
     before = {n: i.indexed_at for n, i in _rows(url).items()}
-    assert set(before) == {"hf/test-org/llama-a", "hf/test-org/gated", "hf/test-org/no-config",
-                           "hf/test-org/remote-code"}  # committed one by one before the kill
-    out = subprocess.run([sys.executable, "-m", "zoo.cli", "index", "hf", "--author", "test-org", "--json"],
-                         env=env, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert set(before) == {
+        "hf/test-org/llama-a",
+        "hf/test-org/gated",
+        "hf/test-org/no-config",
+        "hf/test-org/remote-code",
+    }  # committed one by one before the kill
+    out = subprocess.run(
+        [sys.executable, "-m", "zoo.cli", "index", "hf", "--author", "test-org", "--json"],
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     result = json.loads(out.stdout)
     assert (result["indexed"], result["unchanged"]) == (3, 4), out.stderr
     assert result["failed"] == {}  # the recorded failures are final for their commit: not retried

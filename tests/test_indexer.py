@@ -32,8 +32,10 @@ def _count_so_far(url: str) -> int:
 def _consistent(url: str) -> None:
     with sqlite3.connect(url.removeprefix("sqlite:///")) as con:
         assert con.execute("PRAGMA integrity_check").fetchone() == ("ok",)
-        orphans = con.execute("SELECT count(*) FROM models m LEFT JOIN model_tensors t ON t.model_id = m.id "
-                              "WHERE m.status = 'ok' AND t.model_id IS NULL").fetchone()[0]
+        orphans = con.execute(
+            "SELECT count(*) FROM models m LEFT JOIN model_tensors t ON t.model_id = m.id "
+            "WHERE m.status = 'ok' AND t.model_id IS NULL"
+        ).fetchone()[0]
         assert orphans == 0  # no model without its tensors: each one is written in one transaction
         names = [r[0] for r in con.execute("SELECT name FROM models")]
         assert len(names) == len(set(names))
@@ -50,8 +52,8 @@ def test_index_is_idempotent(backend_url):
 
 
 def test_workers_leave_the_callers_garbage_collector_as_it_was(tmp_path):
-    """An index run with workers freezes the libraries' objects out of garbage collection while it runs (zoo.indexing.indexer)
-    and gives them back after: the caller's process collects as before."""
+    """An index run with workers freezes the libraries' objects out of garbage collection while it runs
+    (zoo.indexing.indexer) and gives them back after: the caller's process collects as before."""
     import gc
 
     outcome = indexer.index_family(f"sqlite:///{tmp_path}/r.db", "timm", ["resnet1*"], jobs=2)
@@ -75,8 +77,7 @@ def test_a_failing_build_is_recorded_not_raised(backend_url):
 
 def test_killed_indexer_leaves_a_consistent_database_and_a_rerun_completes(fresh_url):
     cmd = [sys.executable, "-m", "zoo.cli", "--registry", fresh_url, "index", "timm", "vit_*", "-j", "2", "-q"]
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            start_new_session=True)
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     deadline = time.time() + 300
     while time.time() < deadline and _count_so_far(fresh_url) < 5:
         time.sleep(0.2)
@@ -101,8 +102,12 @@ def test_two_indexers_at_once_lose_and_duplicate_nothing(fresh_url):
     db.upgrade(fresh_url)  # both then open an existing registry
     cmd = [sys.executable, "-m", "zoo.cli", "--registry", fresh_url, "index", "timm", "-q", "--json"]
     a = subprocess.Popen(cmd + ["resnet*", "--force"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    b = subprocess.Popen(cmd + ["resnet1*", "resnet2*", "efficientnet_b*", "--force"], cwd=ROOT,
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    b = subprocess.Popen(
+        cmd + ["resnet1*", "resnet2*", "efficientnet_b*", "--force"],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
     for p in (a, b):
         out, err = p.communicate(timeout=600)
         assert p.returncode == 0, err.decode()
@@ -148,8 +153,9 @@ def test_cli_indexes_a_torch_pickle_on_meta_and_refuses_code(tmp_path, fresh_url
 
 def test_cli_builder_search_show_rm(backend_url):
     fresh_url = backend_url
-    out = cli_json("index", "builder", "tests.builders:tied_net", "--name", "tied", "--kwargs", '{"dim": 4}',
-                   registry=fresh_url)
+    out = cli_json(
+        "index", "builder", "tests.builders:tied_net", "--name", "tied", "--kwargs", '{"dim": 4}', registry=fresh_url
+    )
     assert out["name"] == "user/tied" and out["status"] == "ok"
     rows = cli_json("search", "family=user", "--sort", "-params", registry=fresh_url)
     assert [r["name"] for r in rows] == ["user/tied"] and rows[0]["kwargs"] == {"dim": 4}

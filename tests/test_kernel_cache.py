@@ -5,8 +5,7 @@ ops it must not answer (views that hide in their schema, in-place ops that chang
 import pytest
 import torch
 
-from zoo.analysis import analyze, estimate, scan
-from zoo.analysis import kernel_cache
+from zoo.analysis import analyze, estimate, kernel_cache, scan
 from zoo.analysis.forward import device_context
 from zoo.analysis.meters import LiveBytes
 from zoo.build import build_meta
@@ -16,11 +15,20 @@ from zoo.state import ZooState, set_state
 
 # In-place activations and norms (resnet, efficientnet, mobilenet), attention and views (vit, swin, coat with
 # ties), LSTMs (sequencer), data-dependent shapes that stop on meta (detection), a training step with AdamW.
-MODELS = [("timm", "resnet18"), ("timm", "efficientnet_b0"), ("timm", "vit_tiny_patch16_224"),
-          ("timm", "swin_tiny_patch4_window7_224"), ("timm", "coat_lite_tiny"), ("timm", "levit_128s"),
-          ("timm", "convnext_atto"), ("timm", "mixer_s32_224"), ("timm", "sequencer2d_s"),
-          ("torchvision", "mobilenet_v3_small"), ("torchvision", "googlenet"),
-          ("torchvision", "fasterrcnn_mobilenet_v3_large_320_fpn")]
+MODELS = [
+    ("timm", "resnet18"),
+    ("timm", "efficientnet_b0"),
+    ("timm", "vit_tiny_patch16_224"),
+    ("timm", "swin_tiny_patch4_window7_224"),
+    ("timm", "coat_lite_tiny"),
+    ("timm", "levit_128s"),
+    ("timm", "convnext_atto"),
+    ("timm", "mixer_s32_224"),
+    ("timm", "sequencer2d_s"),
+    ("torchvision", "mobilenet_v3_small"),
+    ("torchvision", "googlenet"),
+    ("torchvision", "fasterrcnn_mobilenet_v3_large_320_fpn"),
+]
 
 
 def _module(fam: str, builder: str):
@@ -32,6 +40,7 @@ def _module(fam: str, builder: str):
 def cache_off(monkeypatch):
     def off(enabled: bool = False):
         monkeypatch.setenv("ZOO_KERNEL_CACHE", "1" if enabled else "0")
+
     return off
 
 
@@ -54,15 +63,21 @@ def test_analysis_is_the_same_with_and_without_the_cache(fam, builder, cache_off
 @pytest.mark.parametrize("training", [False, True], ids=["inference", "training"])
 def test_estimate_and_scan_are_the_same_with_and_without_the_cache(training, cache_off):
     module, _ = _module("timm", "efficientnet_b0")
-    set_state(module, ZooState(Recipe("timm", "efficientnet_b0")))  # as zoo.get leaves it: estimate reads its input spec
+    set_state(
+        module, ZooState(Recipe("timm", "efficientnet_b0"))
+    )  # as zoo.get leaves it: estimate reads its input spec
     cache_off()
-    plain = (estimate(module, batch=4, dtype="fp32", training=training),
-             scan(module, (2, 3, 224, 224), train=training).as_dict())
+    plain = (
+        estimate(module, batch=4, dtype="fp32", training=training),
+        scan(module, (2, 3, 224, 224), train=training).as_dict(),
+    )
     cache_off(enabled=True)
     kernel_cache.clear()
     for _ in range(2):
-        assert (estimate(module, batch=4, dtype="fp32", training=training),
-                scan(module, (2, 3, 224, 224), train=training).as_dict()) == plain
+        assert (
+            estimate(module, batch=4, dtype="fp32", training=training),
+            scan(module, (2, 3, 224, 224), train=training).as_dict(),
+        ) == plain
 
 
 def _twice(op):
@@ -111,8 +126,9 @@ def test_a_view_that_its_schema_does_not_declare_is_never_answered_fresh():
         assert out.untyped_storage()._cdata == src.untyped_storage()._cdata
 
 
-@pytest.mark.parametrize("op", [lambda t: t.resize_(5, 3), lambda t: t.unsqueeze_(0), lambda t: t.t_()],
-                         ids=["resize_", "unsqueeze_", "t_"])
+@pytest.mark.parametrize(
+    "op", [lambda t: t.resize_(5, 3), lambda t: t.unsqueeze_(0), lambda t: t.t_()], ids=["resize_", "unsqueeze_", "t_"]
+)
 def test_an_in_place_op_that_changes_shapes_runs_every_time(op):
     made = []
 

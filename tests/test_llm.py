@@ -11,9 +11,9 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
-import zoo  # noqa: E402
-from tests.conftest import ROOT, cli_json, run_cli  # noqa: E402
-from zoo.errors import AnalysisError, InvalidArgument, TokenizerNotCached  # noqa: E402
+import zoo  # noqa: E402 - after importorskip
+from tests.conftest import ROOT, cli_json, run_cli  # noqa: E402 - after importorskip
+from zoo.errors import AnalysisError, InvalidArgument, TokenizerNotCached  # noqa: E402 - after importorskip
 
 CATALOG = ROOT / "catalog" / "hf"
 FILES = sorted(CATALOG.glob("*__*.json"))
@@ -21,9 +21,16 @@ BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 
 
 # Fields a SigLIP hub config leaves out: SiglipTextConfig / SiglipVisionConfig's documented defaults (Base/16).
-OMITTED = {"siglip_text_model": {"hidden_size": 768, "num_hidden_layers": 12, "num_attention_heads": 12,
-                                 "max_position_embeddings": 64, "vocab_size": 32000},
-           "siglip_vision_model": {"image_size": 224, "patch_size": 16, "num_channels": 3}}
+OMITTED = {
+    "siglip_text_model": {
+        "hidden_size": 768,
+        "num_hidden_layers": 12,
+        "num_attention_heads": 12,
+        "max_position_embeddings": 64,
+        "vocab_size": 32000,
+    },
+    "siglip_vision_model": {"image_size": 224, "patch_size": 16, "num_channels": 3},
+}
 
 
 def _config(file) -> dict:
@@ -54,11 +61,18 @@ def expected_fields(c: dict) -> dict:
     """The LLM columns written out from a config.json as published (keys as each family spells them)."""
     model_type = c["model_type"]
     c = {**c, **c.get("text_config", {})}  # a dual encoder's (CLIP's) language fields are its text tower's
-    first = lambda *keys: next((c[k] for k in keys if c.get(k) is not None), None)  # noqa: E731
+    first = lambda *keys: next((c[k] for k in keys if c.get(k) is not None), None)  # noqa: E731 - a one-line helper
     encoder_decoder = c.get("is_encoder_decoder", False)
-    layers = first("num_decoder_layers", "decoder_layers", "num_layers") if encoder_decoder else \
-        first("num_hidden_layers", "n_layer", "n_layers")
-    heads = first("decoder_attention_heads", "num_heads") if encoder_decoder else first("num_attention_heads", "n_head", "n_heads")
+    layers = (
+        first("num_decoder_layers", "decoder_layers", "num_layers")
+        if encoder_decoder
+        else first("num_hidden_layers", "n_layer", "n_layers")
+    )
+    heads = (
+        first("decoder_attention_heads", "num_heads")
+        if encoder_decoder
+        else first("num_attention_heads", "n_head", "n_heads")
+    )
     hidden = first("hidden_size", "n_embd", "n_embed", "d_model", "dim")  # BLOOM: n_embed, DistilBERT: dim
     kv_heads = (None if encoder_decoder else c.get("num_key_value_heads")) or (1 if c.get("multi_query") else heads)
     head_dim = first("head_dim", "d_kv") or hidden // heads
@@ -71,13 +85,20 @@ def expected_fields(c: dict) -> dict:
     if c.get("use_sliding_window") is False:  # Qwen2 configs carry a window no layer uses
         window = None
     return {
-        "layers": layers, "heads": heads, "kv_heads": kv_heads, "hidden_size": hidden,
-        "vocab_size": c.get("vocab_size"), "kv_bytes_per_token": None if model_type in ENCODERS else kv,
-        "context_length": first("max_position_embeddings", "n_positions", "max_target_positions"),  # Whisper: its decoder's
+        "layers": layers,
+        "heads": heads,
+        "kv_heads": kv_heads,
+        "hidden_size": hidden,
+        "vocab_size": c.get("vocab_size"),
+        "kv_bytes_per_token": None if model_type in ENCODERS else kv,
+        "context_length": first(
+            "max_position_embeddings", "n_positions", "max_target_positions"
+        ),  # Whisper: its decoder's
         "sliding_window": window,
         "experts": first("num_local_experts", "n_routed_experts", "num_experts") or 0,
-        "experts_per_token": c.get("num_experts_per_tok", 0) if first("num_local_experts", "n_routed_experts",
-                                                                      "num_experts") else 0,
+        "experts_per_token": c.get("num_experts_per_tok", 0)
+        if first("num_local_experts", "n_routed_experts", "num_experts")
+        else 0,
     }
 
 
@@ -134,6 +155,7 @@ def test_moe_totals_and_active_parameters_meet_the_published_figures(catalog, na
 
 # --- analysis for every catalog row -------------------------------------------------------------
 
+
 @pytest.mark.parametrize("file", FILES, ids=lambda f: f.stem)
 def test_every_catalog_row_is_analysed_with_its_input_spec(catalog, file):
     info = catalog.info(_name(file))
@@ -143,14 +165,24 @@ def test_every_catalog_row_is_analysed_with_its_input_spec(catalog, file):
     seq = min(128, text.get("max_position_embeddings") or text.get("max_target_positions") or 128)  # CLIP reads 77
     want = [] if c["model_type"] == "vit" else [{"name": "input_ids", "shape": [1, seq], "dtype": "int64"}]
     if c["model_type"] == "whisper":  # log-mel frames, two per encoder position (the second conv has stride 2)
-        want = [{"name": "input_features", "shape": [1, c["num_mel_bins"], 2 * c["max_source_positions"]],
-                 "dtype": "float32"}]
+        want = [
+            {
+                "name": "input_features",
+                "shape": [1, c["num_mel_bins"], 2 * c["max_source_positions"]],
+                "dtype": "float32",
+            }
+        ]
     if c.get("is_encoder_decoder"):
         want.append({"name": "decoder_input_ids", "shape": [1, seq], "dtype": "int64"})
     vision = c.get("vision_config") or (c if c["model_type"] == "vit" else None)
     if vision:  # images at the size the config names
-        want.append({"name": "pixel_values", "shape": [1, vision.get("num_channels", 3), vision["image_size"],
-                                                        vision["image_size"]], "dtype": "float32"})
+        want.append(
+            {
+                "name": "pixel_values",
+                "shape": [1, vision.get("num_channels", 3), vision["image_size"], vision["image_size"]],
+                "dtype": "float32",
+            }
+        )
     assert info.inputs == want
     assert info.flops > 0 and info.flops_per_token == (info.flops // seq if text.get("vocab_size") else None)
     assert info.peak_activation_bytes > 0 and info.train_activation_bytes > 0
@@ -180,11 +212,25 @@ def tiny(tmp_path_factory):
     configs = {
         "hf/test-org/tiny-gpt2": transformers.GPT2Config(**TINY_GPT2),
         "hf/test-org/tiny-llama": transformers.LlamaConfig(
-            hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-            vocab_size=128, max_position_embeddings=256, tie_word_embeddings=False),
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            vocab_size=128,
+            max_position_embeddings=256,
+            tie_word_embeddings=False,
+        ),
         "hf/test-org/tiny-mistral": transformers.MistralConfig(
-            hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-            vocab_size=128, sliding_window=4, tie_word_embeddings=False),
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            vocab_size=128,
+            sliding_window=4,
+            tie_word_embeddings=False,
+        ),
     }
     registry = zoo.connect(f"sqlite:///{root / 'tiny.db'}")
     for name, config in configs.items():
@@ -209,8 +255,9 @@ def _tokenizer_files(folder, config):
     tok = Tokenizer(models.WordLevel({"[UNK]": 0, "hello": 1, "world": 2, "zoo": 3}, unk_token="[UNK]"))
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
     tok.save(str(folder / "tokenizer.json"))
-    (folder / "tokenizer_config.json").write_text(json.dumps({"tokenizer_class": "PreTrainedTokenizerFast",
-                                                              "unk_token": "[UNK]"}))
+    (folder / "tokenizer_config.json").write_text(
+        json.dumps({"tokenizer_class": "PreTrainedTokenizerFast", "unk_token": "[UNK]"})
+    )
     config.save_pretrained(folder)  # AutoTokenizer reads the repo's config.json too
     return folder
 
@@ -235,6 +282,7 @@ def test_scan_text_needs_the_tokenizer_in_the_local_cache(tiny, tmp_path, monkey
 
 
 # --- estimate -----------------------------------------------------------------------------------
+
 
 def _real_cache_bytes(config, batch: int, seq: int) -> int:
     """Bytes of the cache a real CPU forward with use_cache=True leaves, tensor by tensor."""
@@ -297,10 +345,12 @@ def test_estimate_options_are_refused_before_building(tiny):
 
 def test_activation_checkpointing_keeps_less_for_backward(tiny):
     registry, _, _ = tiny
-    plain = registry.estimate("hf/test-org/tiny-llama", batch=4, seq_len=64, dtype="fp32", training=True,
-                              optimizer="none")
-    ckpt = registry.estimate("hf/test-org/tiny-llama", batch=4, seq_len=64, dtype="fp32", training=True,
-                             optimizer="none", checkpointing=True)
+    plain = registry.estimate(
+        "hf/test-org/tiny-llama", batch=4, seq_len=64, dtype="fp32", training=True, optimizer="none"
+    )
+    ckpt = registry.estimate(
+        "hf/test-org/tiny-llama", batch=4, seq_len=64, dtype="fp32", training=True, optimizer="none", checkpointing=True
+    )
     assert ckpt.checkpointing and ckpt.activations < plain.activations
     assert ckpt.weights == plain.weights and ckpt.gradients == plain.gradients
 
@@ -317,19 +367,41 @@ def test_estimate_of_the_405b_model_runs_on_meta(catalog):
 
 def test_cli_estimate_prints_the_breakdown(tiny):
     registry, _, root = tiny
-    out = run_cli("estimate", "hf/test-org/tiny-llama", "--batch", "2", "--seq-len", "16", "--kv-dtype", "fp8",
-                  "--weights-dtype", "int4", registry=registry.url).stdout
+    out = run_cli(
+        "estimate",
+        "hf/test-org/tiny-llama",
+        "--batch",
+        "2",
+        "--seq-len",
+        "16",
+        "--kv-dtype",
+        "fp8",
+        "--weights-dtype",
+        "int4",
+        registry=registry.url,
+    ).stdout
     assert "KV cache (fp8)" in out and "weights (int4, group 128)" in out and "activations" in out
-    got = cli_json("estimate", "hf/test-org/tiny-llama", "--batch", "2", "--seq-len", "16", "--kv-dtype", "fp8",
-                   registry=registry.url)
+    got = cli_json(
+        "estimate",
+        "hf/test-org/tiny-llama",
+        "--batch",
+        "2",
+        "--seq-len",
+        "16",
+        "--kv-dtype",
+        "fp8",
+        registry=registry.url,
+    )
     assert got["kv_cache"] == registry.info("hf/test-org/tiny-llama").kv_bytes_per_token // 4 * 2 * 16
 
 
 # --- user builders with an input spec -----------------------------------------------------------
 
+
 def test_user_builder_with_input_gets_flops_scan_and_estimate(fresh_url):
-    out = cli_json("index", "builder", "tests.builders:conv_net", "--name", "convy", "--input", "1,3,32,32",
-                   registry=fresh_url)
+    out = cli_json(
+        "index", "builder", "tests.builders:conv_net", "--name", "convy", "--input", "1,3,32,32", registry=fresh_url
+    )
     assert out["name"] == "user/convy"
     registry = zoo.connect(fresh_url)
     info = registry.info("user/convy")
@@ -347,8 +419,17 @@ def test_user_builder_with_input_gets_flops_scan_and_estimate(fresh_url):
     assert registry.scan("user/tied-ids", batch=2).outputs == [["", [2, 5, 32], "float32"]]
 
 
-@pytest.mark.parametrize("bad", ["1,x,3", "[]", '[{"shape": [0, 3]}]', '[{"shape": [1], "dtype": "complex"}]',
-                                 '[{"shape": [1], "name": "a b"}]', '{"shape": [1], "extra": 1}'])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        "1,x,3",
+        "[]",
+        '[{"shape": [0, 3]}]',
+        '[{"shape": [1], "dtype": "complex"}]',
+        '[{"shape": [1], "name": "a b"}]',
+        '{"shape": [1], "extra": 1}',
+    ],
+)
 def test_a_bad_input_spec_is_refused_and_writes_nothing(fresh_url, bad):
     with pytest.raises(InvalidArgument):
         zoo.connect(fresh_url).index_builder("tests.builders:conv_net", "convy", inputs=bad)
@@ -359,22 +440,49 @@ def test_a_bad_input_spec_is_refused_and_writes_nothing(fresh_url, bad):
 
 _SMALL = dict(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64)
 TOWERS = {
-    "whisper": (transformers.WhisperConfig(
-        d_model=32, encoder_layers=1, decoder_layers=1, encoder_attention_heads=2, decoder_attention_heads=2,
-        encoder_ffn_dim=64, decoder_ffn_dim=64, vocab_size=100, num_mel_bins=8, max_source_positions=20,
-        max_target_positions=30, pad_token_id=0, bos_token_id=1, eos_token_id=2, decoder_start_token_id=1,
-        architectures=["WhisperForConditionalGeneration"]),
+    "whisper": (
+        transformers.WhisperConfig(
+            d_model=32,
+            encoder_layers=1,
+            decoder_layers=1,
+            encoder_attention_heads=2,
+            decoder_attention_heads=2,
+            encoder_ffn_dim=64,
+            decoder_ffn_dim=64,
+            vocab_size=100,
+            num_mel_bins=8,
+            max_source_positions=20,
+            max_target_positions=30,
+            pad_token_id=0,
+            bos_token_id=1,
+            eos_token_id=2,
+            decoder_start_token_id=1,
+            architectures=["WhisperForConditionalGeneration"],
+        ),
         # log-mel frames: two per encoder position (the second conv has stride 2)
-        [{"name": "input_features", "shape": [1, 8, 40], "dtype": "float32"},
-         {"name": "decoder_input_ids", "shape": [1, 30], "dtype": "int64"}], [["logits", [1, 30, 100], "float32"]]),
-    "vit": (transformers.ViTConfig(**_SMALL, image_size=32, patch_size=8),
-            [{"name": "pixel_values", "shape": [1, 3, 32, 32], "dtype": "float32"}],
-            [["last_hidden_state", [1, 17, 32], "float32"]]),  # 16 patches and the class token
-    "clip": (transformers.CLIPConfig(text_config=dict(**_SMALL, vocab_size=100),
-                                     vision_config=dict(**_SMALL, image_size=32, patch_size=8), projection_dim=16),
-             [{"name": "input_ids", "shape": [1, 77], "dtype": "int64"},
-              {"name": "pixel_values", "shape": [1, 3, 32, 32], "dtype": "float32"}],
-             [["logits_per_image", [1, 1], "float32"]]),
+        [
+            {"name": "input_features", "shape": [1, 8, 40], "dtype": "float32"},
+            {"name": "decoder_input_ids", "shape": [1, 30], "dtype": "int64"},
+        ],
+        [["logits", [1, 30, 100], "float32"]],
+    ),
+    "vit": (
+        transformers.ViTConfig(**_SMALL, image_size=32, patch_size=8),
+        [{"name": "pixel_values", "shape": [1, 3, 32, 32], "dtype": "float32"}],
+        [["last_hidden_state", [1, 17, 32], "float32"]],
+    ),  # 16 patches and the class token
+    "clip": (
+        transformers.CLIPConfig(
+            text_config=dict(**_SMALL, vocab_size=100),
+            vision_config=dict(**_SMALL, image_size=32, patch_size=8),
+            projection_dim=16,
+        ),
+        [
+            {"name": "input_ids", "shape": [1, 77], "dtype": "int64"},
+            {"name": "pixel_values", "shape": [1, 3, 32, 32], "dtype": "float32"},
+        ],
+        [["logits_per_image", [1, 1], "float32"]],
+    ),
 }
 
 

@@ -14,8 +14,14 @@ import zoo
 from tests.conftest import ROOT
 from zoo.errors import CheckpointError, InvalidArgument, WeightsMismatch
 
-ROUND_TRIP = ["timm/resnet18", "timm/swin_tiny_patch4_window7_224", "timm/vit_tiny_patch16_224",
-              "torchvision/mobilenet_v3_small", "torchvision/resnet18", "user/tied"]
+ROUND_TRIP = [
+    "timm/resnet18",
+    "timm/swin_tiny_patch4_window7_224",
+    "timm/vit_tiny_patch16_224",
+    "torchvision/mobilenet_v3_small",
+    "torchvision/resnet18",
+    "user/tied",
+]
 
 
 def eager_model(name: str, seed: int = 0):
@@ -47,7 +53,10 @@ def save(tmp_path, model, name="w.safetensors") -> str:
     each tensor that lies at a multiple of 64 (save_file itself aligns to 8 only)."""
     path = tmp_path / name
     state = {k: v.contiguous() for k, v in model.state_dict().items()}
-    if "head.weight" in state and state["head.weight"].data_ptr() == state.get("embed.weight", torch.empty(0)).data_ptr():
+    if (
+        "head.weight" in state
+        and state["head.weight"].data_ptr() == state.get("embed.weight", torch.empty(0)).data_ptr()
+    ):
         del state["head.weight"]  # safetensors stores a shared tensor once, as save_pretrained does
     save_file(state, str(path))
     return pad_header(path)
@@ -179,8 +188,13 @@ def test_formats_pickles_shards_and_state_dicts(zoo_at, tmp_path):
     index = sharded / "model.safetensors.index.json"
     index.write_text(json.dumps({"metadata": {}, "weight_map": split.tensor_to_filename}))
     assert len(split.filename_to_tensors) > 2
-    for weights in [*(tmp_path / f"w{s}" for s in (".pt", ".pth", ".bin")), tmp_path / "trainer.ckpt",
-                    sharded, index, state]:
+    for weights in [
+        *(tmp_path / f"w{s}" for s in (".pt", ".pth", ".bin")),
+        tmp_path / "trainer.ckpt",
+        sharded,
+        index,
+        state,
+    ]:
         m = zoo_at.get("timm/resnet18").materialize(weights=weights)
         assert_same_model(m, eager, "timm/resnet18")
 
@@ -210,8 +224,9 @@ def test_dtype_casts_parameters_and_float_buffers_only(zoo_at, tmp_path):
         assert torch.equal(p, eager.get_parameter(k).to(torch.bfloat16))
     buffers = dict(m.named_buffers())
     assert buffers["layers.0.blocks.0.attn.relative_position_index"].dtype == torch.int64
-    bn = zoo_at.get("timm/resnet18").materialize(weights=save(tmp_path, eager_model("timm/resnet18"), "r.safetensors"),
-                                                 dtype=torch.float16)
+    bn = zoo_at.get("timm/resnet18").materialize(
+        weights=save(tmp_path, eager_model("timm/resnet18"), "r.safetensors"), dtype=torch.float16
+    )
     assert bn.bn1.running_mean.dtype == torch.float16 and bn.bn1.num_batches_tracked.dtype == torch.int64
 
 
@@ -234,7 +249,9 @@ def test_float_non_persistent_buffers_are_cast_only_if_asked(zoo_at, tmp_path):
 
 def _still_meta(m) -> bool:
     """Read without listing parameters(): on a lazy module that is a use, and loads."""
-    return all(t is None or t.is_meta for mod in m.modules() for t in [*mod._parameters.values(), *mod._buffers.values()])
+    return all(
+        t is None or t.is_meta for mod in m.modules() for t in [*mod._parameters.values(), *mod._buffers.values()]
+    )
 
 
 def test_strict_errors_name_the_keys_and_change_nothing(zoo_at):
@@ -255,8 +272,9 @@ def test_strict_false_gives_missing_keys_the_constructors_values(zoo_at):
     eager = eager_model("timm/resnet18", seed=3)
     state = eager.state_dict()
     torch.manual_seed(3)
-    m = zoo_at.get("timm/resnet18").materialize(weights={k: v for k, v in state.items() if not k.startswith("fc.")}
-                                                 | {"stray": torch.zeros(2)}, strict=False)
+    m = zoo_at.get("timm/resnet18").materialize(
+        weights={k: v for k, v in state.items() if not k.startswith("fc.")} | {"stray": torch.zeros(2)}, strict=False
+    )
     assert torch.equal(m.fc.weight, eager.fc.weight)  # the constructor under the same seed made both
     assert torch.equal(m.conv1.weight, eager.conv1.weight)
 
@@ -293,8 +311,9 @@ def test_a_shard_that_shrinks_mid_load_leaves_the_module_on_meta(zoo_at, tmp_pat
 
 def test_the_default_load_maps_the_file_and_copy_true_owns_its_memory(zoo_at, tmp_path):
     """Same dtype on CPU: every tensor the file holds 64-byte aligned is a view of a private mapping of the
-    file, each with a storage of its own, and the others are copies; copy=True: none is a view. Each load keeps no descriptor open (a process that loads many models would run
-    out), and writing to a mapped tensor never reaches the file."""
+    file, each with a storage of its own, and the others are copies; copy=True: none is a view. Each load keeps no
+    descriptor open (a process that loads many models would run out), and writing to a mapped tensor never reaches the
+    file."""
     path = save(tmp_path, eager_model("timm/resnet18"))
     models = [zoo_at.get("timm/resnet18").materialize(weights=path)]  # the registry's connection opened
     before = os.listdir("/proc/self/fd")
@@ -356,14 +375,22 @@ def test_a_pickle_with_code_is_refused_and_never_runs(zoo_at, tmp_path):
     assert not marker.exists() and _still_meta(m)
 
 
-@pytest.mark.parametrize("lie, message", [
-    ({"w": {"dtype": "F32", "shape": [4], "data_offsets": [0, 1 << 20]}}, "outside the data"),
-    ({"w": {"dtype": "F32", "shape": [4], "data_offsets": [0, 8]}}, "8 bytes for shape"),
-    ({"a": {"dtype": "F32", "shape": [4], "data_offsets": [0, 16]},
-      "b": {"dtype": "F32", "shape": [4], "data_offsets": [8, 24]}}, "overlap"),
-    ({"w": {"dtype": "F99", "shape": [4], "data_offsets": [0, 16]}}, "malformed"),
-    ({"w": {"dtype": "F32", "shape": [-4], "data_offsets": [0, 16]}}, "non-negative"),
-])
+@pytest.mark.parametrize(
+    "lie, message",
+    [
+        ({"w": {"dtype": "F32", "shape": [4], "data_offsets": [0, 1 << 20]}}, "outside the data"),
+        ({"w": {"dtype": "F32", "shape": [4], "data_offsets": [0, 8]}}, "8 bytes for shape"),
+        (
+            {
+                "a": {"dtype": "F32", "shape": [4], "data_offsets": [0, 16]},
+                "b": {"dtype": "F32", "shape": [4], "data_offsets": [8, 24]},
+            },
+            "overlap",
+        ),
+        ({"w": {"dtype": "F99", "shape": [4], "data_offsets": [0, 16]}}, "malformed"),
+        ({"w": {"dtype": "F32", "shape": [-4], "data_offsets": [0, 16]}}, "non-negative"),
+    ],
+)
 def test_a_lying_safetensors_header_is_a_clear_error(tmp_path, lie, message):
     import struct
 
@@ -449,10 +476,15 @@ def test_a_file_that_cannot_be_mapped_is_read_instead(tmp_path):
     """Under `ulimit -v` a 4 GiB file cannot be mapped whole, though the part a model loads fits: the default
     load reads those tensors instead (it raised OSError), and copy=False says why it cannot map them."""
     weight, bias = torch.randn(256, 256), torch.randn(256)
-    header = {"weight": {"dtype": "F32", "shape": [256, 256], "data_offsets": [0, weight.nbytes]},
-              "bias": {"dtype": "F32", "shape": [256], "data_offsets": [weight.nbytes, weight.nbytes + bias.nbytes]},
-              "unused": {"dtype": "F32", "shape": [1 << 30], "data_offsets": [weight.nbytes + bias.nbytes,
-                                                                              weight.nbytes + bias.nbytes + (4 << 30)]}}
+    header = {
+        "weight": {"dtype": "F32", "shape": [256, 256], "data_offsets": [0, weight.nbytes]},
+        "bias": {"dtype": "F32", "shape": [256], "data_offsets": [weight.nbytes, weight.nbytes + bias.nbytes]},
+        "unused": {
+            "dtype": "F32",
+            "shape": [1 << 30],
+            "data_offsets": [weight.nbytes + bias.nbytes, weight.nbytes + bias.nbytes + (4 << 30)],
+        },
+    }
     text = json.dumps(header).encode()
     text += b" " * ((56 - len(text)) % 64)  # the data 64-byte aligned: the default load would map it
     path = tmp_path / "big.safetensors"
@@ -478,9 +510,15 @@ def test_a_file_that_cannot_be_mapped_is_read_instead(tmp_path):
             "    raise SystemExit('copy=False loaded views it cannot map')\n"
             "except MaterializeError as e:\n"
             "    assert 'copy=False' in str(e) and 'cannot map' in str(e), e\n"
-            "assert refused.weight.is_meta\n")
-        subprocess.run([sys.executable, "-c", code, str(path), str(tmp_path / "expected.pt")], check=True, cwd=ROOT,
-                       capture_output=True, text=True)
+            "assert refused.weight.is_meta\n"
+        )
+        subprocess.run(
+            [sys.executable, "-c", code, str(path), str(tmp_path / "expected.pt")],
+            check=True,
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+        )
     finally:
         path.unlink(missing_ok=True)
 
@@ -563,7 +601,11 @@ def test_a_modules_zoo_state_is_one_typed_object(zoo_at, tmp_path):
     assert type(vars(m)["materialize"]) is Materializer and m.materialize.module is m
     state = state_of(m)
     assert (state.recipe.family, state.recipe.builder, state.name, state.url) == (
-        "timm", "resnet18", "timm/resnet18", zoo_at.connect().url)
+        "timm",
+        "resnet18",
+        "timm/resnet18",
+        zoo_at.connect().url,
+    )
     for twin in (copy.deepcopy(m), pickle.loads(pickle.dumps(m))):
         assert state_of(twin) == state and twin.materialize.module is twin
     assert state_of(torch.nn.Sequential(m)) is None  # a wrapper is not the module zoo.get returned
@@ -633,9 +675,7 @@ def test_check_reports_from_metadata_alone(zoo_at, tmp_path):
 
 def test_check_cli_needs_no_torch_for_safetensors(small_registry, tmp_path):
     path = save(tmp_path, eager_model("timm/resnet18"))
-    code = ("import sys, zoo\n"
-            f"assert zoo.check('timm/resnet18', {path!r}).exact\n"
-            "assert 'torch' not in sys.modules\n")
+    code = f"import sys, zoo\nassert zoo.check('timm/resnet18', {path!r}).exact\nassert 'torch' not in sys.modules\n"
     env = {"ZOO_REGISTRY": small_registry.removeprefix("sqlite:///"), "PATH": "/usr/bin:/bin"}
     subprocess.run([sys.executable, "-c", code], check=True, env=env, cwd=ROOT)
 
@@ -711,8 +751,10 @@ def _fsdp_rank(rank, world, init_file, weights, out_dir):
                 with torch.no_grad():
                     out = model(example_input(name))
                 tied = name == "user/tied" and model.head.weight is model.embed.weight
-                torch.save({"state": state, "out": out, "rows": local_rows, "tied": tied},
-                           f"{out_dir}/{name.replace('/', '_')}-{tag}-{rank}.pt")
+                torch.save(
+                    {"state": state, "out": out, "rows": local_rows, "tied": tied},
+                    f"{out_dir}/{name.replace('/', '_')}-{tag}-{rank}.pt",
+                )
     finally:
         dist.destroy_process_group()
 

@@ -59,10 +59,20 @@ def test_an_older_revision_is_refused_with_the_command_to_run(backend_url):
 
 def test_three_first_uses_of_an_empty_database_all_succeed(backend_url):
     """Each creates the schema unless another did first: under the schema lock, checked again inside."""
-    code = ("import sys; from zoo.registry import db; db.open_registry(sys.argv[1], write=True, create=True); "
-            "print(db.current_revision(db.engine(sys.argv[1])))")
-    procs = [subprocess.Popen([sys.executable, "-c", code, backend_url], cwd=ROOT, stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True) for _ in range(3)]
+    code = (
+        "import sys; from zoo.registry import db; db.open_registry(sys.argv[1], write=True, create=True); "
+        "print(db.current_revision(db.engine(sys.argv[1])))"
+    )
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", code, backend_url],
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(3)
+    ]
     for p in procs:
         out, err = p.communicate(timeout=120)
         assert p.returncode == 0 and out.strip() == db.SCHEMA_REVISION, err
@@ -77,7 +87,7 @@ def test_the_revision_is_read_after_the_tables(backend_url):
     db.upgrade(backend_url)
     statements = []
     eng = db.engine(backend_url)
-    record = lambda conn, cursor, statement, *rest: statements.append(statement)  # noqa: E731
+    record = lambda conn, cursor, statement, *rest: statements.append(statement)  # noqa: E731 - a one-line event listener
     event.listen(eng, "before_cursor_execute", record)
     try:
         revision, tables = db._revision_and_tables(eng)

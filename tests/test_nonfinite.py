@@ -15,19 +15,35 @@ from sqlalchemy.pool import NullPool
 
 import zoo
 from tests.web_support import serving_app
-from zoo.throughput import benchmark, roofline
 from zoo.cli import main
 from zoo.columns import BY_NAME
 from zoo.registry import db, measurements, store
+from zoo.throughput import benchmark, roofline
 from zoo.web import views
 from zoo.web.app import create_app
 from zoo.web.export import export_catalog
 
 # What a hand-made row can hold on each backend: SQLite binds NaN as NULL, so its not-a-number is text
-BAD = {"sqlite": {"infinity": math.inf, "not_a_number": "fast"},
-       "postgresql": {"infinity": math.inf, "not_a_number": math.nan}}
-RUN = dict(hardware="a CPU", device="cpu", mode="infer", dtype="fp32", batch=1, compiled=False, channels_last=False,
-           threads=1, inputs="[]", step_ms=10.0, steps=1, warmup=0, versions="{}", who="someone@elsewhere")
+BAD = {
+    "sqlite": {"infinity": math.inf, "not_a_number": "fast"},
+    "postgresql": {"infinity": math.inf, "not_a_number": math.nan},
+}
+RUN = dict(
+    hardware="a CPU",
+    device="cpu",
+    mode="infer",
+    dtype="fp32",
+    batch=1,
+    compiled=False,
+    channels_last=False,
+    threads=1,
+    inputs="[]",
+    step_ms=10.0,
+    steps=1,
+    warmup=0,
+    versions="{}",
+    who="someone@elsewhere",
+)
 
 
 def strict(text: str):
@@ -41,8 +57,13 @@ def template(tmp_path_factory) -> str:
     from zoo.recipe import Recipe
 
     url = f"sqlite:///{tmp_path_factory.mktemp('nonfinite') / 'r.db'}"
-    indexer.index_one(url, "user/conv", Recipe("user", "tests.builders:conv_net"), trusted={"tests"},
-                      inputs=[{"shape": [1, 3, 32, 32]}])
+    indexer.index_one(
+        url,
+        "user/conv",
+        Recipe("user", "tests.builders:conv_net"),
+        trusted={"tests"},
+        inputs=[{"shape": [1, 3, 32, 32]}],
+    )
     indexer.index_one(url, "user/tied", Recipe("user", "tests.builders:tied_net"), trusted={"tests"})
     db.compact(url)
     return url
@@ -74,9 +95,14 @@ def _execute(url: str, sql: str, **values) -> None:
 
 def _plant_run(url: str, name: str, samples_per_s) -> None:
     columns = ", ".join([*RUN, "samples_per_s"])
-    _execute(url, f"INSERT INTO measurements (model_id, measured_at, {columns}) SELECT id, CURRENT_TIMESTAMP, "
-                  f"{', '.join(':' + c for c in [*RUN, 'samples_per_s'])} FROM models WHERE name = :name",
-             **RUN, samples_per_s=samples_per_s, name=name)
+    _execute(
+        url,
+        f"INSERT INTO measurements (model_id, measured_at, {columns}) SELECT id, CURRENT_TIMESTAMP, "
+        f"{', '.join(':' + c for c in [*RUN, 'samples_per_s'])} FROM models WHERE name = :name",
+        **RUN,
+        samples_per_s=samples_per_s,
+        name=name,
+    )
 
 
 def _cli(capsys, *args) -> tuple[int, str, str]:
@@ -99,7 +125,7 @@ def _get(base: str, path: str) -> tuple[int, str]:
 def _page_data(html: str):
     """The JSON block a page embeds (zoo.web.app.page)."""
     start = html.index('type="application/json"')
-    return strict(html[html.index(">", start) + 1:html.index("</script>", start)])
+    return strict(html[html.index(">", start) + 1 : html.index("</script>", start)])
 
 
 @pytest.mark.parametrize("kind", ["infinity", "not_a_number"])
@@ -114,7 +140,9 @@ def test_a_bad_run_beside_real_ones_is_left_out_of_every_search_sort_and_answer(
     assert z.search("bench_cpu>100", fields=("name",)) == []
     assert [r["name"] for r in z.search("bench_cpu>1 and bench_cpu<10", fields=("name",))] == ["user/conv"]
     assert [r["name"] for r in z.search("name~user/*", order_by="-bench_cpu", fields=("name",))] == [
-        "user/tied", "user/conv"]
+        "user/tied",
+        "user/conv",
+    ]
     assert benchmark.fastest(z, ["user/conv", "user/tied"], "bench_cpu") == {"user/conv": 5.0, "user/tied": 50.0}
     with db.session(registry) as s:  # SQLAlchemy's path (the one PostgreSQL always takes)
         assert store.search(s, "bench_cpu>100", fields=("name",)) == []
@@ -146,8 +174,12 @@ def test_a_bad_run_beside_real_ones_is_left_out_of_every_search_sort_and_answer(
 @pytest.mark.parametrize("kind", ["infinity", "not_a_number"])
 def test_a_bad_number_in_a_model_row_reads_as_missing(registry, kind, capsys, tmp_path):
     bad = BAD[_backend(registry)][kind]
-    _execute(registry, "UPDATE models SET top1 = :bad, metrics = :metrics WHERE name = 'user/conv'", bad=bad,
-             metrics='{"imagenet": {"top1": NaN, "top5": 90.5}}')  # what Python's json.dumps writes by default
+    _execute(
+        registry,
+        "UPDATE models SET top1 = :bad, metrics = :metrics WHERE name = 'user/conv'",
+        bad=bad,
+        metrics='{"imagenet": {"top1": NaN, "top5": 90.5}}',
+    )  # what Python's json.dumps writes by default
     if _backend(registry) == "sqlite":  # SQLite keeps anything in an integer column too
         _execute(registry, "UPDATE models SET flops = :bad WHERE name = 'user/conv'", bad=bad)
     z = zoo.connect(registry)
@@ -210,8 +242,13 @@ def test_a_bench_result_that_is_no_positive_finite_number_is_not_recorded(templa
 def test_a_model_row_with_a_number_that_is_not_finite_is_refused(template, tmp_path):
     path = tmp_path / "r.db"
     shutil.copy(template.removeprefix("sqlite:///"), path)
-    record = {"name": "user/odd", "family": "user", "builder": "tests.builders:tied_net", "status": "ok",
-              "source_hash": "0" * 64}
+    record = {
+        "name": "user/odd",
+        "family": "user",
+        "builder": "tests.builders:tied_net",
+        "status": "ok",
+        "source_hash": "0" * 64,
+    }
     for field, bad in (("top1", math.nan), ("top5", math.inf), ("flops", "1e9")):
         with pytest.raises(zoo.InvalidArgument, match=f"user/odd: {field} is"):
             with db.session(f"sqlite:///{path}", write=True) as s, s.begin():
@@ -235,8 +272,9 @@ def test_published_results_with_a_number_that_is_not_finite_are_refused(tmp_path
     (tmp_path / "results-sketch.csv").write_text("model,top1,top5,img_size\n")
     benchmark_file = tmp_path / timm_family.BENCHMARKS["infer_4090_amp"]
     for cell in ("inf", "nan", "0", "fast"):
-        benchmark_file.write_text("model,infer_img_size,infer_samples_per_sec,infer_batch_size\n"
-                                  f"resnet18,224,{cell},256\n")
+        benchmark_file.write_text(
+            f"model,infer_img_size,infer_samples_per_sec,infer_batch_size\nresnet18,224,{cell},256\n"
+        )
         with pytest.raises(zoo.InvalidArgument, match="resnet18"):
             timm_family.read_results(tmp_path)
 
@@ -254,8 +292,16 @@ def _hardware_with(tmp_path, **changes):
     return path
 
 
-@pytest.mark.parametrize("changes", [dict(element_bytes="0.5"), dict(peak_tflops="1e308"),
-                                     dict(bandwidth_gbs="1e308"), dict(batch="2.5"), dict(peak_tflops="nan")])
+@pytest.mark.parametrize(
+    "changes",
+    [
+        dict(element_bytes="0.5"),
+        dict(peak_tflops="1e308"),
+        dict(bandwidth_gbs="1e308"),
+        dict(batch="2.5"),
+        dict(peak_tflops="nan"),
+    ],
+)
 def test_a_hardware_row_that_would_divide_by_zero_is_refused(tmp_path, changes):
     assert roofline.load_hardware(_hardware_with(tmp_path)).keys() == roofline.load_hardware().keys()  # as shipped
     with pytest.raises(zoo.InvalidArgument, match=next(iter(changes))):
@@ -266,8 +312,17 @@ def test_a_device_the_table_would_refuse_predicts_nothing_rather_than_dividing_b
     """What element_bytes 0.5 (read as 0) and 1e308 peaks (infinite FLOP/s) made: coefficients of 0. A sort by
     its field raised ZeroDivisionError in the catalog's search."""
     field = "pred_infer_4090_amp"
-    device = roofline.Device(column="infer_4090_amp", device="nowhere", mode="infer", precision="fp16",
-                             element_bytes=0, batch=1024, peak_flops=math.inf, bandwidth=math.inf, source="a test")
+    device = roofline.Device(
+        column="infer_4090_amp",
+        device="nowhere",
+        mode="infer",
+        precision="fp16",
+        element_bytes=0,
+        batch=1024,
+        peak_flops=math.inf,
+        bandwidth=math.inf,
+        source="a test",
+    )
     monkeypatch.setitem(roofline.PREDICTED, field, device)
     z = zoo.connect(template)
     assert roofline.predicted(z.info("user/conv"), field) is None

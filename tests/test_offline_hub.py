@@ -70,8 +70,14 @@ def _said_unreachable(text: str, endpoint: str) -> None:
 def test_16_pretrained_timm_weights_with_the_hub_unreachable_fail_at_once(dead_hub, tmp_path):
     endpoint, hole = dead_hub
     code = "import zoo; zoo.get('timm/resnet18.a1_in1k', weights='pretrained')"
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=180, cwd=ROOT,
-                          env=_env(endpoint, tmp_path))
+    proc = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        cwd=ROOT,
+        env=_env(endpoint, tmp_path),
+    )
     assert proc.returncode != 0
     _said_unreachable(proc.stderr, endpoint)
     if hole:
@@ -80,8 +86,17 @@ def test_16_pretrained_timm_weights_with_the_hub_unreachable_fail_at_once(dead_h
 
 def test_16_index_hf_repo_with_the_hub_unreachable_fails_at_once(dead_hub, tmp_path):
     endpoint, hole = dead_hub
-    proc = run_cli("index", "hf", "google-bert/bert-base-uncased", "--registry", str(tmp_path / "r.db"), "-q",
-                   check=False, timeout=180, env_extra=_env(endpoint, tmp_path))
+    proc = run_cli(
+        "index",
+        "hf",
+        "google-bert/bert-base-uncased",
+        "--registry",
+        str(tmp_path / "r.db"),
+        "-q",
+        check=False,
+        timeout=180,
+        env_extra=_env(endpoint, tmp_path),
+    )
     assert proc.returncode == 1
     _said_unreachable(proc.stdout + proc.stderr, endpoint)
     if hole:

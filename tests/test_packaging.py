@@ -15,8 +15,18 @@ from tests.conftest import ROOT
 from zoo.registry import db
 
 # What a checkout holds besides the sources: none of it goes into a wheel.
-_NOT_SOURCES = shutil.ignore_patterns(".venv", ".git", "build", "*.egg-info", "__pycache__", ".pytest_cache",
-                                      ".hypothesis", "tests", "bench", "registry.db-*")
+_NOT_SOURCES = shutil.ignore_patterns(
+    ".venv",
+    ".git",
+    "build",
+    "*.egg-info",
+    "__pycache__",
+    ".pytest_cache",
+    ".hypothesis",
+    "tests",
+    "bench",
+    "registry.db-*",
+)
 
 
 def _run(*args, cwd, env=None, timeout=600) -> subprocess.CompletedProcess:
@@ -36,24 +46,41 @@ def test_a_wheel_in_a_fresh_venv_finds_its_registry_and_migrations_outside_the_c
     shutil.copytree(ROOT, source, symlinks=True, ignore=_NOT_SOURCES)
     wheels = tmp_path / "wheels"
     # No build isolation: setuptools is already here, and the build must not need the network.
-    _run(sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation", "-w", wheels, source,
-         cwd=tmp_path)
+    _run(
+        sys.executable,
+        "-m",
+        "pip",
+        "wheel",
+        "--quiet",
+        "--no-deps",
+        "--no-build-isolation",
+        "-w",
+        wheels,
+        source,
+        cwd=tmp_path,
+    )
     (wheel,) = wheels.glob("zoo-*.whl")
     venv = tmp_path / "venv"
     _run(sys.executable, "-m", "venv", venv, cwd=tmp_path)
     python = venv / "bin" / "python"
     # torch, timm and the rest come from this environment's site-packages (a .pth line adds the folder
     # without running its .pth files, so the checkout's editable zoo stays out); zoo from the wheel.
-    inner = Path(_run(python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])", cwd=tmp_path)
-                 .stdout.strip())
+    inner = Path(
+        _run(python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])", cwd=tmp_path).stdout.strip()
+    )
     (inner / "outer.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
     _run(python, "-m", "pip", "install", "--quiet", "--no-deps", "--no-index", wheel, cwd=tmp_path)
 
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     env = _clean_env()
-    where = _run(python, "-c", "import zoo, zoo.constants as c; print(zoo.__file__); print(c.DEFAULT_REGISTRY)",
-                 cwd=elsewhere, env=env).stdout.split()
+    where = _run(
+        python,
+        "-c",
+        "import zoo, zoo.constants as c; print(zoo.__file__); print(c.DEFAULT_REGISTRY)",
+        cwd=elsewhere,
+        env=env,
+    ).stdout.split()
     assert Path(where[0]).is_relative_to(inner), where  # the installed zoo, not the checkout's
     shipped = Path(where[1])
     assert shipped.is_relative_to(inner) and shipped.is_file() and not shipped.is_symlink()
@@ -62,18 +89,22 @@ def test_a_wheel_in_a_fresh_venv_finds_its_registry_and_migrations_outside_the_c
     found = _run(venv / "bin" / "zoo", "search", "params<1e8 and name~'resnet18'", cwd=elsewhere, env=env).stdout
     assert "timm/resnet18" in found and "torchvision/resnet18" in found
     # the predicted fields read the hardware table the wheel ships (the checkout's catalog/ is not there)
-    found = _run(venv / "bin" / "zoo", "search", "name~'resnet18' and pred_infer_4090_amp>1", cwd=elsewhere,
-                 env=env).stdout
+    found = _run(
+        venv / "bin" / "zoo", "search", "name~'resnet18' and pred_infer_4090_amp>1", cwd=elsewhere, env=env
+    ).stdout
     assert "torchvision/resnet18" in found and "(predicted)" in found
 
     new = elsewhere / "new.db"
     upgraded = _run(venv / "bin" / "zoo", "db", "upgrade", "--registry", new, cwd=elsewhere, env=env).stdout
     assert f"schema at {db.SCHEMA_REVISION}" in upgraded
-    assert _run(venv / "bin" / "zoo", "--registry", new, "db", "revision", cwd=elsewhere,
-                env=env).stdout.strip() == db.SCHEMA_REVISION
+    assert (
+        _run(venv / "bin" / "zoo", "--registry", new, "db", "revision", cwd=elsewhere, env=env).stdout.strip()
+        == db.SCHEMA_REVISION
+    )
     # an installed zoo has no catalog/: indexing timm architectures works without timm's published throughput
-    indexed = _run(venv / "bin" / "zoo", "--registry", new, "index", "timm", "resnet18", "--json", "-q", cwd=elsewhere,
-                   env=env).stdout
+    indexed = _run(
+        venv / "bin" / "zoo", "--registry", new, "index", "timm", "resnet18", "--json", "-q", cwd=elsewhere, env=env
+    ).stdout
     assert (json.loads(indexed)["indexed"], json.loads(indexed)["failed"]) == (1, {}), indexed
 
 

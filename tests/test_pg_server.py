@@ -45,8 +45,13 @@ def test_28_12_the_server_ends_with_the_process_that_started_it(signum):
         pg._bin("postgres")
     except pg.Unavailable as e:
         pytest.skip(str(e))
-    starter = subprocess.Popen([sys.executable, "-c", STARTER], cwd=ROOT, stdout=subprocess.PIPE, text=True,
-                               env={**os.environ, "PYTHONPATH": str(ROOT)})
+    starter = subprocess.Popen(
+        [sys.executable, "-c", STARTER],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
     try:
         line = starter.stdout.readline().split()
         if not line:

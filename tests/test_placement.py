@@ -20,8 +20,14 @@ from zoo.weights.placement import box_slices, local_box
 from zoo.weights.sources import SafetensorsSource
 
 PLACEMENTS = [
-    (Replicate(), Replicate()), (Shard(0), Replicate()), (Replicate(), Shard(1)), (Shard(0), Shard(1)),
-    (Shard(1), Shard(0)), (Shard(1), Shard(1)), (Shard(0), Shard(0)), (Shard(2), Shard(1)),
+    (Replicate(), Replicate()),
+    (Shard(0), Replicate()),
+    (Replicate(), Shard(1)),
+    (Shard(0), Shard(1)),
+    (Shard(1), Shard(0)),
+    (Shard(1), Shard(1)),
+    (Shard(0), Shard(0)),
+    (Shard(2), Shard(1)),
 ]
 SHAPES = [(7, 5, 3), (2, 9, 4), (1, 1, 5), (8, 8, 2)]  # uneven, fewer rows than ranks, even
 
@@ -52,8 +58,14 @@ def test_a_plain_tensor_has_no_box():
 def test_safetensors_reads_any_box_of_a_tensor(tmp_path, dtype):
     full = torch.randn(6, 5, 4, 3).to(dtype)
     save_file({"t": full}, tmp_path / "t.safetensors")
-    boxes = [((0, 6), (0, 5), (0, 4), (0, 3)), ((2, 5), (0, 5), (0, 4), (0, 3)), ((0, 6), (1, 4), (0, 4), (0, 3)),
-             ((1, 3), (2, 3), (1, 4), (0, 2)), ((5, 6), (4, 5), (3, 4), (2, 3)), ((0, 6), (0, 5), (0, 4), (1, 2))]
+    boxes = [
+        ((0, 6), (0, 5), (0, 4), (0, 3)),
+        ((2, 5), (0, 5), (0, 4), (0, 3)),
+        ((0, 6), (1, 4), (0, 4), (0, 3)),
+        ((1, 3), (2, 3), (1, 4), (0, 2)),
+        ((5, 6), (4, 5), (3, 4), (2, 3)),
+        ((0, 6), (0, 5), (0, 4), (1, 2)),
+    ]
     with SafetensorsSource([tmp_path / "t.safetensors"]) as source:
         for box in boxes:
             for into in (dtype, torch.float64):  # the file's dtype (read in place), and a cast
@@ -133,8 +145,9 @@ def test_tensor_parallel_and_fsdp2_over_tp_load_each_ranks_part_on_gloo(tmp_path
     save_file(state, tmp_path / "net.safetensors")
     torch.save(state, tmp_path / "net.pt")
     failures = mp.get_context("spawn").SimpleQueue()
-    mp.spawn(_parallel_rank, args=(world, str(tmp_path / "init"), str(tmp_path / "net.safetensors"), failures),
-             nprocs=world)
+    mp.spawn(
+        _parallel_rank, args=(world, str(tmp_path / "init"), str(tmp_path / "net.safetensors"), failures), nprocs=world
+    )
     seen, bad = set(), []
     while not failures.empty():
         item = failures.get()

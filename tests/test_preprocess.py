@@ -1,14 +1,15 @@
 """The transform zoo builds from a model's preprocessing data gives the same tensor, bit for bit, as
 timm's create_transform(**resolve_data_config(...)) and torchvision's weights.transforms() on real images."""
 
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 import torch
 from PIL import Image
 
-from types import SimpleNamespace
-
-from zoo.families import timm as timm_family, torchvision as torchvision_family
+from zoo.families import timm as timm_family
+from zoo.families import torchvision as torchvision_family
 from zoo.preprocess import transform
 
 
@@ -49,16 +50,22 @@ def test_timm_eval_transform_matches_timm(tag, test_size):
     from timm.models import get_pretrained_cfg
 
     cfg = get_pretrained_cfg(tag).to_dict()
-    theirs = timm.data.create_transform(**timm.data.resolve_data_config(pretrained_cfg=cfg,
-                                                                        use_test_size=test_size))
+    theirs = timm.data.create_transform(**timm.data.resolve_data_config(pretrained_cfg=cfg, use_test_size=test_size))
     ours = transform(timm_preprocess(tag), test_size=test_size)
     for image in images():
         a, b = ours(image), theirs(image)
         assert a.shape == b.shape and torch.equal(a, b)
 
 
-@pytest.mark.parametrize("builder, tag", [("resnet50", "IMAGENET1K_V2"), ("resnet50", "IMAGENET1K_V1"),
-                                          ("efficientnet_b3", "IMAGENET1K_V1"), ("vit_h_14", "IMAGENET1K_SWAG_E2E_V1")])
+@pytest.mark.parametrize(
+    "builder, tag",
+    [
+        ("resnet50", "IMAGENET1K_V2"),
+        ("resnet50", "IMAGENET1K_V1"),
+        ("efficientnet_b3", "IMAGENET1K_V1"),
+        ("vit_h_14", "IMAGENET1K_SWAG_E2E_V1"),
+    ],
+)
 def test_torchvision_eval_transform_matches_weights_transforms(builder, tag):
     from torchvision.models import get_model_weights
 
@@ -80,8 +87,9 @@ def test_zoo_transform_by_name_without_building_the_model(fresh_url):
     add_row(fresh_url, "timm/resnet18.a1_in1k", "timm", "resnet18.a1_in1k", tag="a1_in1k")
     registry = zoo.connect(fresh_url)
     assert registry.preprocess("timm/resnet18.a1_in1k")["crop_pct"] == 0.95  # timm's published cfg
-    theirs = timm.data.create_transform(**timm.data.resolve_data_config(
-        pretrained_cfg=get_pretrained_cfg("resnet18.a1_in1k").to_dict()))
+    theirs = timm.data.create_transform(
+        **timm.data.resolve_data_config(pretrained_cfg=get_pretrained_cfg("resnet18.a1_in1k").to_dict())
+    )
     image = images()[0]
     assert torch.equal(registry.transform("timm/resnet18.a1_in1k")(image), theirs(image))
     train = registry.transform("timm/resnet18.a1_in1k", train=True)(image)
@@ -102,8 +110,11 @@ def test_recorded_preprocessing_is_what_the_transform_uses(fresh_url):
 
     tag = "resnet50.a1_in1k"
     cfg = get_pretrained_cfg(tag).to_dict()
-    recorded = {k: list(v) if isinstance(v, tuple) else v for k, v in cfg.items()
-                if k in ("input_size", "test_input_size", "crop_pct", "crop_mode", "interpolation", "mean", "std")}
+    recorded = {
+        k: list(v) if isinstance(v, tuple) else v
+        for k, v in cfg.items()
+        if k in ("input_size", "test_input_size", "crop_pct", "crop_mode", "interpolation", "mean", "std")
+    }
     db.open_registry(fresh_url, write=True, create=True)
     record, table = indexer.record_of(f"timm/{tag}", Recipe("timm", tag, {}), None)
     record.update(kind="variant", tag="a1_in1k", preprocess=json.dumps(recorded))

@@ -18,16 +18,35 @@ RESULTS = ROOT / "catalog" / "timm-results"
 # Heads of every kind (1k, 21k = 21843/21841, 11k = 11821/11221, 512-d CLIP, 0 = features), fixed-size ViTs
 # (384, DINOv2 at 518), squash crops, a tag without a hub repo (URL only), one timm publishes no results for.
 SAMPLE_TIMM = [
-    "resnet18.a1_in1k", "resnet18.tv_in1k", "resnet50.a1_in1k", "efficientnet_b0.ra_in1k",
-    "mobilenetv3_small_100.lamb_in1k", "vit_tiny_patch16_224.augreg_in21k", "vit_tiny_patch16_224.augreg_in21k_ft_in1k",
-    "vit_tiny_patch16_384.augreg_in21k_ft_in1k", "convnext_nano.in12k", "mobilenetv3_large_100.miil_in21k",
-    "tiny_vit_5m_224.dist_in22k", "convnextv2_femto.fcmae", "vit_small_patch14_dinov2.lvd142m",
-    "convnext_tiny.in12k_ft_in1k_384", "legacy_seresnet18.in1k", "deit_tiny_patch16_224.fb_in1k",
-    "vit_xsmall_patch16_clip_224.tinyclip_yfcc15m", "cpubone_nano.r224_in1k",
+    "resnet18.a1_in1k",
+    "resnet18.tv_in1k",
+    "resnet50.a1_in1k",
+    "efficientnet_b0.ra_in1k",
+    "mobilenetv3_small_100.lamb_in1k",
+    "vit_tiny_patch16_224.augreg_in21k",
+    "vit_tiny_patch16_224.augreg_in21k_ft_in1k",
+    "vit_tiny_patch16_384.augreg_in21k_ft_in1k",
+    "convnext_nano.in12k",
+    "mobilenetv3_large_100.miil_in21k",
+    "tiny_vit_5m_224.dist_in22k",
+    "convnextv2_femto.fcmae",
+    "vit_small_patch14_dinov2.lvd142m",
+    "convnext_tiny.in12k_ft_in1k_384",
+    "legacy_seresnet18.in1k",
+    "deit_tiny_patch16_224.fb_in1k",
+    "vit_xsmall_patch16_clip_224.tinyclip_yfcc15m",
+    "cpubone_nano.r224_in1k",
 ]
-SAMPLE_TORCHVISION = ["resnet18.*", "mobilenet_v3_small.*", "googlenet.*", "quantized_mobilenet_v2.*",
-                      "fasterrcnn_mobilenet_v3_large_320_fpn.*", "lraspp_mobilenet_v3_large.*", "r3d_18.*",
-                      "vgg16.IMAGENET1K_FEATURES"]
+SAMPLE_TORCHVISION = [
+    "resnet18.*",
+    "mobilenet_v3_small.*",
+    "googlenet.*",
+    "quantized_mobilenet_v2.*",
+    "fasterrcnn_mobilenet_v3_large_320_fpn.*",
+    "lraspp_mobilenet_v3_large.*",
+    "r3d_18.*",
+    "vgg16.IMAGENET1K_FEATURES",
+]
 
 
 @pytest.fixture(scope="module")
@@ -88,8 +107,9 @@ def test_every_torchvision_weights_has_its_published_params_and_ops(full):
 
     (variant,) = [v for v in tv.variants([full])]
     meta = _weights(variant["builder"], variant["tag"]).meta
-    record, _ = record_of(f"torchvision/{full}", Recipe("torchvision", variant["builder"], variant["kwargs"]),
-                          variant=variant)
+    record, _ = record_of(
+        f"torchvision/{full}", Recipe("torchvision", variant["builder"], variant["kwargs"]), variant=variant
+    )
     assert record["status"] == "ok", record["error"]
     assert record["params"] == meta["num_params"]
     if variant["task"] == "image-classification":
@@ -99,8 +119,14 @@ def test_every_torchvision_weights_has_its_published_params_and_ops(full):
         assert json.loads(record["input_size"])[-2:] == (list(crop) * 2)[:2]
 
 
-@pytest.mark.parametrize("full", ["googlenet.IMAGENET1K_V1", "deeplabv3_mobilenet_v3_large.COCO_WITH_VOC_LABELS_V1",
-                                  "fasterrcnn_mobilenet_v3_large_320_fpn.COCO_V1"])
+@pytest.mark.parametrize(
+    "full",
+    [
+        "googlenet.IMAGENET1K_V1",
+        "deeplabv3_mobilenet_v3_large.COCO_WITH_VOC_LABELS_V1",
+        "fasterrcnn_mobilenet_v3_large_320_fpn.COCO_V1",
+    ],
+)
 def test_torchvision_loads_its_weights_into_exactly_the_variants_tensors(full, tmp_path, monkeypatch):
     """A checkpoint with the variant's tensor names and shapes, placed where torch hub caches the weights'
     file: torchvision's own builder with weights=W loads it strictly, and builds the same module classes
@@ -116,8 +142,11 @@ def test_torchvision_loads_its_weights_into_exactly_the_variants_tensors(full, t
     weights = _weights(variant["builder"], variant["tag"])
     ignored = variant["weights_source"].get("ignore_prefixes")
     # googlenet's file also holds the aux heads: torchvision loads it with them, then drops them
-    in_file = build_meta(Recipe("torchvision", variant["builder"], {**variant["kwargs"], "aux_logits": True})) \
-        if ignored else ours
+    in_file = (
+        build_meta(Recipe("torchvision", variant["builder"], {**variant["kwargs"], "aux_logits": True}))
+        if ignored
+        else ours
+    )
     state = {k: torch.zeros(v.shape, dtype=v.dtype) for k, v in in_file.state_dict().items()}
     extra = set(state) - set(ours.state_dict())
     assert bool(extra) == bool(ignored) and all(k.startswith(tuple(ignored or ())) for k in extra)
@@ -126,8 +155,9 @@ def test_torchvision_loads_its_weights_into_exactly_the_variants_tensors(full, t
     (tmp_path / "hub" / "checkpoints").mkdir(parents=True)
     torch.save(state, tmp_path / "hub" / "checkpoints" / variant["weights_source"]["file"])
     theirs = get_model(variant["builder"], weights=weights)  # strict load: raises on any other tensor
-    assert [(n, type(m).__name__) for n, m in theirs.named_modules()] == \
-        [(n, type(m).__name__) for n, m in ours.named_modules()]
+    assert [(n, type(m).__name__) for n, m in theirs.named_modules()] == [
+        (n, type(m).__name__) for n, m in ours.named_modules()
+    ]
     assert sum(p.numel() for p in ours.parameters()) == weights.meta["num_params"]
 
 
@@ -136,8 +166,10 @@ def test_torchvision_metadata_is_published_metadata(registry):
         builder, tag = info.builder, info.tag
         assert info.name == f"torchvision/{builder}.{tag}" and info.arch_name == f"torchvision/{builder}"
         weights = _weights(builder, tag)
-        published = {k: {m: None if v != v else v for m, v in d.items()}  # NaN: not measured
-                     for k, d in weights.meta["_metrics"].items()}
+        published = {
+            k: {m: None if v != v else v for m, v in d.items()}  # NaN: not measured
+            for k, d in weights.meta["_metrics"].items()
+        }
         assert info.metrics == published
         imagenet = published.get("ImageNet-1K", {})
         assert (info.top1, info.top5) == (imagenet.get("acc@1"), imagenet.get("acc@5"))
@@ -191,15 +223,23 @@ def test_timm_variants_are_what_create_model_builds_for_the_tag(registry):
         plain = _plain_timm(tag)
         cfg = get_pretrained_cfg(tag)
         arch, _, short = tag.partition(".")
-        assert (info.status, info.kind, info.tag, info.arch_name, info.builder) == \
-            ("ok", "variant", short, f"timm/{arch}", tag)
+        assert (info.status, info.kind, info.tag, info.arch_name, info.builder) == (
+            "ok",
+            "variant",
+            short,
+            f"timm/{arch}",
+            tag,
+        )
         assert info.params == sum(p.numel() for p in plain.parameters())
         assert info.num_classes == cfg.num_classes == plain.num_classes
         assert list(info.input_size) == list(cfg.input_size)  # the analysis ran at the weights' size
         assert info.flops > 0 and info.scan_status == "ok"
         assert info.license == cfg.license
-        assert info.weights_source == {"hf_hub_id": cfg.hf_hub_id, "hf_hub_filename": cfg.hf_hub_filename,
-                                       "url": cfg.url or None}
+        assert info.weights_source == {
+            "hf_hub_id": cfg.hf_hub_id,
+            "hf_hub_filename": cfg.hf_hub_filename,
+            "url": cfg.url or None,
+        }
         assert info.preprocess["crop_pct"] == cfg.crop_pct and info.preprocess["crop_mode"] == cfg.crop_mode
         assert info.preprocess["mean"] == list(cfg.mean) and info.preprocess["interpolation"] == cfg.interpolation
         assert info.task == ("image-classification" if cfg.num_classes else "image-feature-extraction")
@@ -215,11 +255,11 @@ def test_a_timm_variant_is_analysed_at_its_weights_published_size():
     says 256; the weights' published cfg (timm's registry entry for the tag) says 336, and so does the row."""
     from timm.models import get_pretrained_cfg
 
-    from zoo.indexing import indexer
     from zoo.build import build_meta
+    from zoo.indexing import indexer
 
     tag = "vitamin_xlarge_336.datacomp1b_clip"
-    (name, (recipe, variant)), = indexer.wanted_variants("timm", [tag]).items()
+    ((name, (recipe, variant)),) = indexer.wanted_variants("timm", [tag]).items()
     record, _ = indexer.record_of(name, recipe, variant=variant)
     assert tuple(get_pretrained_cfg(tag).input_size) == (3, 336, 336)
     assert json.loads(record["input_size"]) == [3, 336, 336] and record["scan_status"] == "ok"
@@ -236,9 +276,17 @@ def _published(file: str) -> dict:
     return out
 
 
-@pytest.mark.parametrize("file,prefix", [("imagenet", ""), ("imagenet-real", "real_"),
-                                         ("imagenetv2-matched-frequency", "v2_"), ("sketch", "sketch_"),
-                                         ("imagenet-a", "a_"), ("imagenet-r", "r_")])
+@pytest.mark.parametrize(
+    "file,prefix",
+    [
+        ("imagenet", ""),
+        ("imagenet-real", "real_"),
+        ("imagenetv2-matched-frequency", "v2_"),
+        ("sketch", "sketch_"),
+        ("imagenet-a", "a_"),
+        ("imagenet-r", "r_"),
+    ],
+)
 def test_timm_metrics_are_the_published_csv_values(registry, file, prefix):
     """At the tag's input size (where its flops are) where timm evaluated it at several sizes (the other sizes are
     kept too)."""
@@ -255,7 +303,9 @@ def test_timm_metrics_are_the_published_csv_values(registry, file, prefix):
         row = next(r for r in rows if int(r["img_size"]) == get_pretrained_cfg(tag).input_size[-1])
         assert getattr(info, f"{prefix}top1") == float(row["top1"])
         assert getattr(info, f"{prefix}top5") == float(row["top5"])
-        assert info.metrics[file]["top1"] == float(row["top1"]) and info.metrics[file]["img_size"] == int(row["img_size"])
+        assert info.metrics[file]["top1"] == float(row["top1"]) and info.metrics[file]["img_size"] == int(
+            row["img_size"]
+        )
         for other in rows:
             if other is not row:
                 assert info.metrics[f"{file}@{other['img_size']}"]["top1"] == float(other["top1"])
@@ -276,14 +326,25 @@ def test_the_shipped_results_keep_their_provenance():
 
 
 EXPRESSIONS = [
-    ("top1>80 and params<30M", lambda i: i.top1 is not None and i.top1 > 80 and i.params is not None and i.params < 30e6),
-    ("task=image-classification and flops<5G and license=apache-2.0",
-     lambda i: i.task == "image-classification" and i.flops is not None and i.flops < 5e9 and i.license == "apache-2.0"),
+    (
+        "top1>80 and params<30M",
+        lambda i: i.top1 is not None and i.top1 > 80 and i.params is not None and i.params < 30e6,
+    ),
+    (
+        "task=image-classification and flops<5G and license=apache-2.0",
+        lambda i: (
+            i.task == "image-classification" and i.flops is not None and i.flops < 5e9 and i.license == "apache-2.0"
+        ),
+    ),
     ("kind=variant and not top1>0", lambda i: i.kind == "variant" and not (i.top1 is not None and i.top1 > 0)),
     ("kind=architecture", lambda i: i.kind == "architecture"),
-    ("real_top1>=80 or box_map>20 or k400_top1>60",
-     lambda i: any(v is not None and v > t for v, t in ((i.box_map, 20), (i.k400_top1, 60)))
-     or (i.real_top1 is not None and i.real_top1 >= 80)),
+    (
+        "real_top1>=80 or box_map>20 or k400_top1>60",
+        lambda i: (
+            any(v is not None and v > t for v, t in ((i.box_map, 20), (i.k400_top1, 60)))
+            or (i.real_top1 is not None and i.real_top1 >= 80)
+        ),
+    ),
     ("num_classes>1000 and dataset~'*in2*'", lambda i: (i.num_classes or 0) > 1000 and "in2" in (i.dataset or "")),
     ("arch_name=timm/resnet18", lambda i: i.arch_name == "timm/resnet18"),
 ]
@@ -345,14 +406,23 @@ def test_cli_search_shows_the_metric_it_filters_on(variants_url):
     top = [float(line.split()[1]) for line in out[1:]]
     assert top == sorted(top, reverse=True) and min(top) > 80
     found = cli_json("search", "kind=variant and top1>80", registry=variants_url)
-    assert {f["name"] for f in found} == {i.name for i in
-                                          __import__("zoo").connect(variants_url).search("kind=variant and top1>80")}
+    assert {f["name"] for f in found} == {
+        i.name for i in __import__("zoo").connect(variants_url).search("kind=variant and top1>80")
+    }
 
 
 def test_cli_show_a_variant(variants_url):
     out = run_cli("show", "timm/resnet50.a1_in1k", registry=variants_url).stdout
-    for expected in ("pretrained variant of timm/resnet50, tag a1_in1k", "apache-2.0", "hf_hub_id timm/resnet50.a1_in1k",
-                     "crop_pct 0.95", "interpolation bicubic", "metrics imagenet ", "top1 81.24", "arXiv:2110.00476"):
+    for expected in (
+        "pretrained variant of timm/resnet50, tag a1_in1k",
+        "apache-2.0",
+        "hf_hub_id timm/resnet50.a1_in1k",
+        "crop_pct 0.95",
+        "interpolation bicubic",
+        "metrics imagenet ",
+        "top1 81.24",
+        "arXiv:2110.00476",
+    ):
         assert expected in out, expected
     shown = cli_json("show", "torchvision/resnet18.IMAGENET1K_V1", registry=variants_url)
     assert shown["metrics"] == {"ImageNet-1K": {"acc@1": 69.758, "acc@5": 89.078}}
@@ -370,8 +440,20 @@ def test_cli_weights_list(variants_url):
     assert missing.returncode == 1 and "no model named 'nope_net'" in missing.stderr
 
 
-@pytest.mark.parametrize("name", ["timm/resnet18", "resnet18.IMAGENET1K_V1", "timm/resnet50", "resnet50",
-                                  "efficientnet_b0", "torchvision/googlenet", "resnet18", "nope_net", "net50"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "timm/resnet18",
+        "resnet18.IMAGENET1K_V1",
+        "timm/resnet50",
+        "resnet50",
+        "efficientnet_b0",
+        "torchvision/googlenet",
+        "resnet18",
+        "nope_net",
+        "net50",
+    ],
+)
 def test_listing_variants_reads_sqlite_as_the_sqlalchemy_path_does(variants_url, name):
     """lite.variants (`zoo weights list` without SQLAlchemy) gives store.variants_of's answer, or None where that
     is an error (an ambiguous or unknown name), so the SQLAlchemy path raises it with the close names."""
@@ -388,19 +470,35 @@ def test_listing_variants_reads_sqlite_as_the_sqlalchemy_path_does(variants_url,
 
 
 def test_weights_list_never_imports_sqlalchemy(variants_url):
-    code = ("import sys, zoo.cli\n"
-            "assert zoo.cli.main(['weights', 'list', 'timm/resnet50']) == 0\n"
-            "assert zoo.cli.main(['weights', 'list', 'resnet18.IMAGENET1K_V1', '--json']) == 0\n"
-            "assert 'sqlalchemy' not in sys.modules, [m for m in sys.modules if m.startswith('sqlalchemy')]\n")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True,
-                         env={"ZOO_REGISTRY": variants_url.removeprefix("sqlite:///"), "PATH": "/usr/bin:/bin"}).stdout
+    code = (
+        "import sys, zoo.cli\n"
+        "assert zoo.cli.main(['weights', 'list', 'timm/resnet50']) == 0\n"
+        "assert zoo.cli.main(['weights', 'list', 'resnet18.IMAGENET1K_V1', '--json']) == 0\n"
+        "assert 'sqlalchemy' not in sys.modules, [m for m in sys.modules if m.startswith('sqlalchemy')]\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        check=True,
+        env={"ZOO_REGISTRY": variants_url.removeprefix("sqlite:///"), "PATH": "/usr/bin:/bin"},
+    ).stdout
     assert "timm/resnet50.a1_in1k" in out and '"architecture": "torchvision/resnet18"' in out
 
 
 def test_cli_index_pretrained_counts_and_skips_unchanged_variants(tmp_path):
     db = str(tmp_path / "cli.db")
-    out = run_cli("--registry", db, "index", "torchvision", "--pretrained", "quantized_shufflenet_v2_x0_5.*",
-                  "shufflenet_v2_x0_5.*", "-q").stdout
+    out = run_cli(
+        "--registry",
+        db,
+        "index",
+        "torchvision",
+        "--pretrained",
+        "quantized_shufflenet_v2_x0_5.*",
+        "shufflenet_v2_x0_5.*",
+        "-q",
+    ).stdout
     assert "torchvision: 2 indexed, 0 unchanged, 0 failed" in out
     again = cli_json("--registry", db, "index", "torchvision", "--pretrained", "shufflenet_v2_x0_5.*")
     assert again == {"indexed": 0, "unchanged": 1, "failed": {}}

@@ -21,6 +21,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 # --- caches laid out as the libraries lay them out ---------------------------------------------------
 
+
 def hub_file(hub_cache: Path, repo: str, filename: str, data: bytes, revision: str = "a" * 40) -> Path:
     """One file of a hub repo in huggingface_hub's cache layout: the blob named by its sha256 (an LFS file's
     ETag), a snapshot symlink to it, and refs/main naming the snapshot."""
@@ -43,8 +44,10 @@ def seeded_state(model_name: str, seed: int, **kwargs) -> dict:
     torch.manual_seed(seed)
     model = timm.create_model(model_name, **kwargs)
     g = torch.Generator().manual_seed(seed)
-    return {k: (torch.randn(v.shape, generator=g) if v.is_floating_point() else v.clone()).contiguous()
-            for k, v in model.state_dict().items()}
+    return {
+        k: (torch.randn(v.shape, generator=g) if v.is_floating_point() else v.clone()).contiguous()
+        for k, v in model.state_dict().items()
+    }
 
 
 def safetensors_bytes(state: dict) -> bytes:
@@ -100,6 +103,7 @@ def on_meta(module) -> bool:
 
 # --- timm through the Hugging Face hub cache -----------------------------------------------------------
 
+
 def _old_swin_keys(state: dict) -> dict:
     """A swin checkpoint as Microsoft published it (head.*, each stage's downsample at the end of the stage
     before): timm's swin checkpoint_filter_fn renames these keys to timm's layout."""
@@ -117,15 +121,19 @@ TIMM_CASES = {
     "resnet18.tv_in1k": (lambda tmp: pickle_bytes(seeded_state("resnet18", 2), tmp), "pytorch_model.bin"),
     # a 224-px checkpoint for the 384-px model: the ViT filter resamples pos_embed (a computed tensor)
     "vit_tiny_patch16_384.augreg_in21k_ft_in1k": (
-        lambda tmp: safetensors_bytes(seeded_state("vit_tiny_patch16_224", 3)), "model.safetensors"),
+        lambda tmp: safetensors_bytes(seeded_state("vit_tiny_patch16_224", 3)),
+        "model.safetensors",
+    ),
     # keys renamed by the swin filter (pass-through tensors under new names)
     "swin_tiny_patch4_window7_224.ms_in1k": (
         lambda tmp: safetensors_bytes(_old_swin_keys(seeded_state("swin_tiny_patch4_window7_224", 4))),
-        "model.safetensors"),
+        "model.safetensors",
+    ),
     # a 21k-class head: the variant is built with its weights' num_classes
     "vit_tiny_patch16_224.augreg_in21k": (
         lambda tmp: safetensors_bytes(seeded_state("vit_tiny_patch16_224", 5, num_classes=21843)),
-        "model.safetensors"),
+        "model.safetensors",
+    ),
 }
 
 
@@ -151,10 +159,12 @@ def test_a_pretrained_load_by_name_never_imports_sqlalchemy(caches, fresh_url, t
     tag = "resnet18.a1_in1k"
     hub_file(hub_cache, f"timm/{tag}", "model.safetensors", TIMM_CASES[tag][0](tmp_path))
     add_row(fresh_url, f"timm/{tag}", "timm", tag, tag="a1_in1k")
-    code = ("import sys, zoo\n"
-            f"m = zoo.get('timm/{tag}', weights='pretrained')\n"
-            "assert not any(t.is_meta for t in m.state_dict().values())\n"
-            "assert 'sqlalchemy' not in sys.modules, [n for n in sys.modules if n.startswith('sqlalchemy')]\n")
+    code = (
+        "import sys, zoo\n"
+        f"m = zoo.get('timm/{tag}', weights='pretrained')\n"
+        "assert not any(t.is_meta for t in m.state_dict().values())\n"
+        "assert 'sqlalchemy' not in sys.modules, [n for n in sys.modules if n.startswith('sqlalchemy')]\n"
+    )
     env = {**os.environ, "ZOO_REGISTRY": fresh_url.removeprefix("sqlite:///"), "ZOO_CACHE": str(tmp_path / "zc")}
     subprocess.run([sys.executable, "-c", code], check=True, env=env, cwd=ROOT)
 
@@ -287,14 +297,17 @@ def test_offline_and_not_cached_is_a_clear_error(caches, fresh_url):
 
 # --- torchvision through TORCH_HOME -------------------------------------------------------------------
 
+
 def tv_state(builder: str, seed: int) -> dict:
     import torchvision
 
     torch.manual_seed(seed)
     model = torchvision.models.get_model(builder)
     g = torch.Generator().manual_seed(seed)
-    return {k: torch.randn(v.shape, generator=g) if v.is_floating_point() else v.clone()
-            for k, v in model.state_dict().items()}
+    return {
+        k: torch.randn(v.shape, generator=g) if v.is_floating_point() else v.clone()
+        for k, v in model.state_dict().items()
+    }
 
 
 def test_torchvision_variant_loads_bitwise_as_get_model_does(caches, fresh_url, tmp_path, monkeypatch):
@@ -351,8 +364,11 @@ def _old_densenet_keys(state: dict) -> dict:
     """densenet's state as the published files hold it: keys of an older layout (norm.1, conv.2), which
     torchvision renames on load, and no num_batches_tracked (older than that buffer: torch's BatchNorm
     fills it in on load)."""
-    return {re.sub(r"(denselayer\d+\.(?:norm|relu|conv))([12])\.(weight|bias|running_mean|running_var)$",
-                   r"\1.\2.\3", k): v for k, v in state.items() if not k.endswith("num_batches_tracked")}
+    return {
+        re.sub(r"(denselayer\d+\.(?:norm|relu|conv))([12])\.(weight|bias|running_mean|running_var)$", r"\1.\2.\3", k): v
+        for k, v in state.items()
+        if not k.endswith("num_batches_tracked")
+    }
 
 
 def test_torchvision_densenet_keys_are_renamed_as_torchvision_does(caches, fresh_url, tmp_path, monkeypatch):
@@ -375,8 +391,9 @@ def test_torchvision_densenet_keys_are_renamed_as_torchvision_does(caches, fresh
     assert_bitwise(ours, torchvision.models.get_model("densenet121", weights=weights))
 
 
-def test_torchvision_googlenet_drops_the_aux_heads_its_file_holds_as_torchvision_does(caches, fresh_url, tmp_path,
-                                                                                      monkeypatch):
+def test_torchvision_googlenet_drops_the_aux_heads_its_file_holds_as_torchvision_does(
+    caches, fresh_url, tmp_path, monkeypatch
+):
     import torchvision
 
     import zoo
@@ -393,8 +410,14 @@ def test_torchvision_googlenet_drops_the_aux_heads_its_file_holds_as_torchvision
     shutil.move(staged, checkpoints / name)
     monkeypatch.setattr(weights.value, "url", f"https://download.pytorch.org/models/{name}")
     (variant,) = variants(["googlenet.IMAGENET1K_V1"])
-    add_row(fresh_url, "torchvision/googlenet.IMAGENET1K_V1", "torchvision", "googlenet", tag="IMAGENET1K_V1",
-            kwargs=variant["kwargs"])
+    add_row(
+        fresh_url,
+        "torchvision/googlenet.IMAGENET1K_V1",
+        "torchvision",
+        "googlenet",
+        tag="IMAGENET1K_V1",
+        kwargs=variant["kwargs"],
+    )
     ours = zoo.connect(fresh_url).get("torchvision/googlenet.IMAGENET1K_V1", weights="pretrained")
     assert_bitwise(ours, torchvision.models.get_model("googlenet", weights=weights))
 
@@ -403,8 +426,14 @@ def test_quantized_torchvision_weights_are_refused_with_the_way_to_load_them(cac
     import zoo
     from zoo.errors import CheckpointError
 
-    add_row(fresh_url, "torchvision/quantized_resnet18.IMAGENET1K_FBGEMM_V1", "torchvision", "quantized_resnet18",
-            tag="IMAGENET1K_FBGEMM_V1", kwargs={"quantize": False})
+    add_row(
+        fresh_url,
+        "torchvision/quantized_resnet18.IMAGENET1K_FBGEMM_V1",
+        "torchvision",
+        "quantized_resnet18",
+        tag="IMAGENET1K_FBGEMM_V1",
+        kwargs={"quantize": False},
+    )
     with pytest.raises(CheckpointError, match="int8.*quantize=True"):
         zoo.connect(fresh_url).get("torchvision/quantized_resnet18.IMAGENET1K_FBGEMM_V1", weights="pretrained")
 
@@ -431,6 +460,7 @@ def test_torchvision_file_not_matching_its_name_prefix_is_refused(caches, fresh_
 
 
 # --- downloads from a local server ------------------------------------------------------------------
+
 
 class _Server:
     """Serves one file at /NAME with Range support; the first `drops` GETs stop halfway and close the
@@ -514,10 +544,15 @@ def test_a_killed_download_leaves_no_file_a_load_would_trust(tmp_path):
     prefix = hashlib.sha256(data).hexdigest()[:8]
     dest = tmp_path / f"w-{prefix}.pth"
     server = _Server(dest.name, data, stall=True)
-    code = ("import sys; from zoo.weights.download import fetch; "
-            "fetch(sys.argv[1], sys.argv[2], sys.argv[3], progress=False)")
-    proc = subprocess.Popen([sys.executable, "-c", code, server.url, str(dest), prefix], cwd=ROOT,
-                            env={**os.environ, "PYTHONPATH": str(ROOT)})
+    code = (
+        "import sys; from zoo.weights.download import fetch; "
+        "fetch(sys.argv[1], sys.argv[2], sys.argv[3], progress=False)"
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code, server.url, str(dest), prefix],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
     partial = dest.with_name(dest.name + ".partial")
     try:
         for _ in range(300):
@@ -585,8 +620,13 @@ class _Hub(BaseHTTPRequestHandler):
             return False
         sha = hashlib.sha256(data).hexdigest()
         self.send_response(200)
-        for key, value in (("X-Repo-Commit", self.commit), ("ETag", f'"{sha}"'), ("X-Linked-Etag", f'"{sha}"'),
-                           ("X-Linked-Size", str(len(data))), ("Content-Length", str(len(data)))):
+        for key, value in (
+            ("X-Repo-Commit", self.commit),
+            ("ETag", f'"{sha}"'),
+            ("X-Linked-Etag", f'"{sha}"'),
+            ("X-Linked-Size", str(len(data))),
+            ("Content-Length", str(len(data))),
+        ):
             self.send_header(key, value)
         self.end_headers()
         return True

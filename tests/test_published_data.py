@@ -26,8 +26,10 @@ BENCHMARKS = {  # column -> (file, mode), as catalog/timm-results/README.md list
 def _rows(where: str, *columns) -> list[dict]:
     with sqlite3.connect(f"file:{SHIPPED}?mode=ro", uri=True) as c:
         c.row_factory = sqlite3.Row
-        return [dict(r) for r in c.execute(f"SELECT name, builder, input_size, {', '.join(columns)} FROM models "
-                                           f"WHERE {where}")]
+        return [
+            dict(r)
+            for r in c.execute(f"SELECT name, builder, input_size, {', '.join(columns)} FROM models WHERE {where}")
+        ]
 
 
 def _csv(name: str) -> list[dict]:
@@ -41,8 +43,16 @@ def test_top1_is_the_published_result_at_the_rows_input_size_and_test_top1_at_th
     published: dict[str, dict[int, dict]] = {}
     for r in _csv("results-imagenet.csv"):
         published.setdefault(r["model"], {})[int(r["img_size"])] = r
-    rows = _rows("family = 'timm' AND kind = 'variant'", "top1", "top5", "test_top1", "test_top5",
-                 "test_input_size", "test_flops", "flops")
+    rows = _rows(
+        "family = 'timm' AND kind = 'variant'",
+        "top1",
+        "top5",
+        "test_top1",
+        "test_top5",
+        "test_input_size",
+        "test_flops",
+        "flops",
+    )
     assert len(rows) > 1500
     at_input = at_test = 0
     for row in rows:
@@ -62,16 +72,25 @@ def test_top1_is_the_published_result_at_the_rows_input_size_and_test_top1_at_th
         assert json.loads(row["test_input_size"]) == list(test), tag
         assert row["test_flops"] is not None and row["test_flops"] > row["flops"], tag  # a larger image costs more
         at_test += 1
-    assert at_input == sum(1 for tag in published for s in published[tag] if s == get_pretrained_cfg(tag).input_size[-1])
+    assert at_input == sum(
+        1 for tag in published for s in published[tag] if s == get_pretrained_cfg(tag).input_size[-1]
+    )
     assert at_test == 290  # the tags timm publishes twice (its results README)
 
 
 def test_throughput_is_the_benchmark_at_the_rows_own_size_and_empty_elsewhere():
-    rows = _rows("family = 'timm' AND status = 'ok' AND input_size IS NOT NULL",
-                 *(c for column in BENCHMARKS for c in (column, f"{column}_batch")))
+    rows = _rows(
+        "family = 'timm' AND status = 'ok' AND input_size IS NOT NULL",
+        *(c for column in BENCHMARKS for c in (column, f"{column}_batch")),
+    )
     for column, (file, mode) in BENCHMARKS.items():
-        measured = {(r["model"], int(r[f"{mode}_img_size"])): (float(r[f"{mode}_samples_per_sec"]),
-                                                               int(r[f"{mode}_batch_size"])) for r in _csv(file)}
+        measured = {
+            (r["model"], int(r[f"{mode}_img_size"])): (
+                float(r[f"{mode}_samples_per_sec"]),
+                int(r[f"{mode}_batch_size"]),
+            )
+            for r in _csv(file)
+        }
         filled = 0
         for row in rows:
             key = (row["builder"].split(".")[0], json.loads(row["input_size"])[-1])
@@ -114,13 +133,17 @@ def test_cli_search_and_fields_name_the_new_fields():
     shouted = run_cli("search", "TOP1>83 and Infer_4090_AMP>3000", "--sort", "-Top1", registry=str(SHIPPED)).stdout
     assert shouted == out  # field names ignore case in the search, so they do in the columns it shows
     fields = run_cli("search", "--fields").stdout
-    for name, words in (("test_top1", "test_input_size"), ("test_flops", "FLOPs"), ("pretrain", "pretrained"),
-                        ("infer_4090_amp", "RTX 4090"), ("infer_4090_amp_batch", "batch size"),
-                        ("infer_i7_12700h_fp32", "i7-12700H"), ("train_3090_amp", "RTX 3090")):
+    for name, words in (
+        ("test_top1", "test_input_size"),
+        ("test_flops", "FLOPs"),
+        ("pretrain", "pretrained"),
+        ("infer_4090_amp", "RTX 4090"),
+        ("infer_4090_amp_batch", "batch size"),
+        ("infer_i7_12700h_fp32", "i7-12700H"),
+        ("train_3090_amp", "RTX 3090"),
+    ):
         line = next(line for line in fields.splitlines() if line.split()[0] == name)
         assert words in line, line
-
-
 
 
 def _torchvision_weights_at_another_size() -> list[tuple[str, str, int]]:
@@ -157,10 +180,16 @@ def test_scan_estimate_and_the_index_run_a_variant_at_its_weights_size(builder, 
 
 
 def test_show_says_the_size_each_published_number_is_at():
-    at = {int(r["img_size"]): r["top1"] for r in _csv("results-imagenet.csv")
-          if r["model"] == "convnextv2_large.fcmae_ft_in22k_in1k"}
-    speed = next(r for r in _csv(BENCHMARKS["infer_i7_12700h_fp32"][0])
-                 if (r["model"], r["infer_img_size"]) == ("convnextv2_large", "224"))["infer_samples_per_sec"]
+    at = {
+        int(r["img_size"]): r["top1"]
+        for r in _csv("results-imagenet.csv")
+        if r["model"] == "convnextv2_large.fcmae_ft_in22k_in1k"
+    }
+    speed = next(
+        r
+        for r in _csv(BENCHMARKS["infer_i7_12700h_fp32"][0])
+        if (r["model"], r["infer_img_size"]) == ("convnextv2_large", "224")
+    )["infer_samples_per_sec"]
     out = run_cli("show", "timm/convnextv2_large.fcmae_ft_in22k_in1k", registry=str(SHIPPED)).stdout
     assert f"{float(at[224])}% at 224x224" in out and f"{float(at[288])}% at 288x288 (test size" in out
     assert f"{float(speed):.3g} samples/s at 224x224, batch 1" in out

@@ -145,7 +145,8 @@ def test_search_from_python(zoo_at):
     via_f = [i.name for i in zoo_at.search(zoo_at.F.params < 5e6, order_by="params")]
     assert via_f == names
     assert [i.name for i in zoo_at.search("family=torchvision and task=object-detection")] == [
-        "torchvision/fasterrcnn_mobilenet_v3_large_fpn"]
+        "torchvision/fasterrcnn_mobilenet_v3_large_fpn"
+    ]
     assert len(zoo_at.search(limit=None)) == 8
     assert len(zoo_at.search(limit=3)) == 3
 
@@ -163,8 +164,8 @@ def test_info_and_search_never_import_torch(small_registry):
 
 def test_read_paths_of_a_sqlite_registry_never_import_sqlalchemy(small_registry, tmp_path):
     """info, get (its row and tensor check), a weights tag lookup, a materialize from a file, search, `zoo show`
-    and `zoo search` read a SQLite file with sqlite3 (zoo.registry.lite): SQLAlchemy's import alone was most of a first get's
-    time (and half a second more at exit)."""
+    and `zoo search` read a SQLite file with sqlite3 (zoo.registry.lite): SQLAlchemy's import alone was most of a first
+    get's time (and half a second more at exit)."""
     code = (
         "import sys, zoo, zoo.cli\n"
         "info = zoo.info('timm/resnet18', tensors=True)\n"
@@ -181,8 +182,13 @@ def test_read_paths_of_a_sqlite_registry_never_import_sqlalchemy(small_registry,
         "assert 'sqlalchemy' not in sys.modules, [m for m in sys.modules if m.startswith('sqlalchemy')]\n"
     )
     env = {"ZOO_REGISTRY": small_registry.removeprefix("sqlite:///"), "PATH": "/usr/bin:/bin"}
-    subprocess.run([sys.executable, "-c", code, str(tmp_path / "w.safetensors")], check=True, env=env, cwd=ROOT,
-                   capture_output=True)
+    subprocess.run(
+        [sys.executable, "-c", code, str(tmp_path / "w.safetensors")],
+        check=True,
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+    )
 
 
 def test_user_builders_are_imported_only_when_trusted(zoo_at, monkeypatch):
@@ -215,20 +221,33 @@ def test_a_row_naming_an_unknown_builder_is_never_imported(small_registry, tmp_p
 def test_search_fields_lists_every_searchable_field_with_its_unit(small_registry):
     import json
 
+    import zoo
     from tests.conftest import run_cli
 
-    import zoo
-
     listed = json.loads(run_cli("search", "--fields", "--json", registry=small_registry).stdout)
-    # the columns, then the fields over zoo bench's measurements (zoo.throughput.measured), then the predictions (one per
-    # row of the hardware table, named for the measured column each predicts)
-    predicted = ["pred_infer_4090_amp", "pred_infer_5090_amp", "pred_infer_pro6000_amp", "pred_infer_i7_12700h_fp32",
-                 "pred_train_3090_amp"]
-    assert [f["field"] for f in listed] == [*zoo.FIELDS, "bench_cpu", "bench_cuda", "bench_train_cpu", "bench_train_cuda",
-                                            *predicted]
+    # the columns, then the fields over zoo bench's measurements (zoo.throughput.measured), then the predictions (one
+    # per row of the hardware table, named for the measured column each predicts)
+    predicted = [
+        "pred_infer_4090_amp",
+        "pred_infer_5090_amp",
+        "pred_infer_pro6000_amp",
+        "pred_infer_i7_12700h_fp32",
+        "pred_train_3090_amp",
+    ]
+    assert [f["field"] for f in listed] == [
+        *zoo.FIELDS,
+        "bench_cpu",
+        "bench_cuda",
+        "bench_train_cpu",
+        "bench_train_cuda",
+        *predicted,
+    ]
     assert {f["field"]: f["unit"] for f in listed}["bench_train_cuda"] == "samples/s"
-    assert all(f["meaning"].startswith("PREDICTED, not measured") and f["unit"] == "samples/s"
-               for f in listed if f["field"] in predicted)
+    assert all(
+        f["meaning"].startswith("PREDICTED, not measured") and f["unit"] == "samples/s"
+        for f in listed
+        if f["field"] in predicted
+    )
     by_name = {f["field"]: f for f in listed}
     assert by_name["params"]["unit"] == "elements" and by_name["flops"]["unit"] == "FLOPs"
     assert by_name["bytes"]["type"] == "number" and by_name["task"]["type"] == "string"

@@ -26,7 +26,9 @@ EXPECTED = {"lite": ["user/tied"], "lite_info": True, "sqlalchemy": ["user/tied"
 def tiny(tmp_path_factory) -> Path:
     """A registry holding user/tied, as the indexer leaves it: in WAL mode, its -wal folded in on close."""
     path = tmp_path_factory.mktemp("tiny") / "tiny.db"
-    run_cli("--registry", str(path), "index", "builder", TIED, "--name", "tied", env_extra={"ZOO_TRUSTED_MODULES": "tests"})
+    run_cli(
+        "--registry", str(path), "index", "builder", TIED, "--name", "tied", env_extra={"ZOO_TRUSTED_MODULES": "tests"}
+    )
     assert _reads(path) == EXPECTED  # and every module the readers need is imported before a child drops root
     return path
 
@@ -49,10 +51,12 @@ def _reads(path: Path, name: str = "user/tied", expression: str = "params>0") ->
     found = lite.search(url, expression, limit=None)
     with db.session(url) as s:
         through_sqlalchemy = [i.name for i in store.search(s, expression)]
-    return {"lite": None if found is None else [i.name for i in found],
-            "lite_info": lite.info(url, name) is not None,
-            "sqlalchemy": through_sqlalchemy,
-            "info": zoo.connect(str(path)).info(name).params > 0}
+    return {
+        "lite": None if found is None else [i.name for i in found],
+        "lite_info": lite.info(url, name) is not None,
+        "sqlalchemy": through_sqlalchemy,
+        "info": zoo.connect(str(path)).info(name).params > 0,
+    }
 
 
 def _reads_in_child(path: Path, uid: int | None = None, *args) -> dict:
@@ -125,7 +129,6 @@ def _undo_view(kind: str, source: Path, target: Path) -> None:
         target.unlink()
 
 
-
 @pytest.mark.parametrize("journal", ["wal", "delete"])
 def test_28_1_a_registry_in_a_read_only_place_reads_through_both_readers(tiny, shared_dir, journal):
     """A registry in WAL mode (as a team's writers leave it) or with a rollback journal (as zoo ships it), on a
@@ -182,13 +185,15 @@ def test_28_1_the_shipped_registry_has_a_rollback_journal_and_reads_read_only_an
 
 # --- 28.8: a path that is no regular file ------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("command", [["search", "params>0"], ["show", "user/tied"], ["catalog", "--out", "SITE"]])
 def test_28_8_a_fifo_as_the_registry_is_refused_at_once(tmp_path, command):
     fifo = tmp_path / "registry.db"
     os.mkfifo(fifo)
     command = [str(tmp_path / "site") if a == "SITE" else a for a in command]
-    proc = run_cli(*command, "--quiet" if command[0] == "catalog" else "--json", "--registry", str(fifo),
-                   check=False, timeout=20)
+    proc = run_cli(
+        *command, "--quiet" if command[0] == "catalog" else "--json", "--registry", str(fifo), check=False, timeout=20
+    )
     assert proc.returncode == 1 and "not a regular file" in proc.stderr, proc.stderr
     assert "Traceback" not in proc.stderr
     with pytest.raises(RegistryError, match="not a regular file"):
@@ -198,13 +203,15 @@ def test_28_8_a_fifo_as_the_registry_is_refused_at_once(tmp_path, command):
 
 # --- 28.14: the shipped registry is written only when named ------------------------------------------------
 
+
 @pytest.fixture
 def installed(tiny, tmp_path) -> Path:
     """zoo installed elsewhere, as a wheel installs it: the package with its own registry.db (here the tiny
     one) and its migrations. Its shipped registry is this copy, so the real registry.db is never at risk."""
     site = tmp_path / "site-packages"
-    shutil.copytree(ROOT / "zoo", site / "zoo", symlinks=False, ignore=shutil.ignore_patterns("__pycache__",
-                                                                                              "registry.db"))
+    shutil.copytree(
+        ROOT / "zoo", site / "zoo", symlinks=False, ignore=shutil.ignore_patterns("__pycache__", "registry.db")
+    )
     shutil.copytree(ROOT / "migrations", site / "zoo" / "migrations")
     shutil.copy(tiny, site / "zoo" / "registry.db")
     _rollback_journal(site / "zoo" / "registry.db")  # as registry.db ships
@@ -232,15 +239,22 @@ def test_28_14_writes_to_the_shipped_registry_are_refused_unless_it_is_named(ins
     before = _digest(shipped)
     weights = tmp_path / "tied.safetensors"
     save_file({k: v for k, v in tied_net().state_dict().items() if k != "head.weight"}, str(weights))  # tied: once
-    writes = [["weights", "add", "user/tied", str(weights)], ["index", "builder", TIED, "--name", "other"],
-              ["rm", "user/tied"], ["db", "upgrade"], ["db", "compact"]]
+    writes = [
+        ["weights", "add", "user/tied", str(weights)],
+        ["index", "builder", TIED, "--name", "other"],
+        ["rm", "user/tied"],
+        ["db", "upgrade"],
+        ["db", "compact"],
+    ]
     for args in writes:
         proc = _zoo(installed, *args)
         assert proc.returncode == 1, (args, proc.stdout, proc.stderr)
         assert "shipped registry" in proc.stderr and "--registry" in proc.stderr and "ZOO_REGISTRY" in proc.stderr
         assert "Traceback" not in proc.stderr
-    api = _zoo(installed, python="import zoo\ntry:\n    zoo.connect().remove('user/tied')\nexcept zoo.RegistryError as e:\n"
-                                 "    print(e)")
+    api = _zoo(
+        installed,
+        python="import zoo\ntry:\n    zoo.connect().remove('user/tied')\nexcept zoo.RegistryError as e:\n    print(e)",
+    )
     assert api.returncode == 0 and "shipped registry" in api.stdout, api.stderr
     read = _zoo(installed, "search", "params>0", "--json")  # reading it is as before
     assert read.returncode == 0 and "user/tied" in read.stdout
@@ -252,8 +266,10 @@ def test_28_14_writes_to_the_shipped_registry_are_refused_unless_it_is_named(ins
     # the way the refusal names: a user registry, a copy of the shipped one
     mine = tmp_path / "mine.db"
     assert _zoo(installed, "db", "copy", str(shipped), str(mine)).returncode == 0
-    assert _zoo(installed, "index", "builder", TIED, "--name", "other",
-                env_extra={"ZOO_REGISTRY": str(mine)}).returncode == 0
+    assert (
+        _zoo(installed, "index", "builder", TIED, "--name", "other", env_extra={"ZOO_REGISTRY": str(mine)}).returncode
+        == 0
+    )
 
 
 def test_28_14_a_copy_onto_the_shipped_registry_is_refused_unless_it_is_named(installed, tmp_path):
@@ -261,8 +277,11 @@ def test_28_14_a_copy_onto_the_shipped_registry_is_refused_unless_it_is_named(in
     mine = tmp_path / "mine.db"
     assert _zoo(installed, "db", "copy", str(shipped), str(mine)).returncode == 0
     before = _digest(shipped)
-    api = _zoo(installed, python=f"import zoo\ntry:\n    zoo.connect({str(mine)!r}).copy_to(None, replace=True)\n"
-                                 f"except zoo.RegistryError as e:\n    print(e)")
+    api = _zoo(
+        installed,
+        python=f"import zoo\ntry:\n    zoo.connect({str(mine)!r}).copy_to(None, replace=True)\n"
+        f"except zoo.RegistryError as e:\n    print(e)",
+    )
     assert api.returncode == 0 and "shipped registry" in api.stdout, (api.stdout, api.stderr)
     assert _digest(shipped) == before
     named = _zoo(installed, python=f"import zoo\nzoo.connect({str(mine)!r}).copy_to({str(shipped)!r}, replace=True)")

@@ -20,7 +20,6 @@ import urllib.error
 import urllib.request
 
 import pytest
-import torch
 from safetensors.torch import save_file
 
 import zoo
@@ -107,8 +106,9 @@ def test_each_run_of_a_bench_search_is_seen_by_other_processes_as_it_goes(shared
 
     def report(name, done, total, result):
         typo = run_cli("show", "timm/resnt18", registry=shared_registry, check=False)
-        runs = subprocess.run([sys.executable, "-c", RUNS, shared_registry, name], capture_output=True, text=True,
-                              env=env, timeout=60)
+        runs = subprocess.run(
+            [sys.executable, "-c", RUNS, shared_registry, name], capture_output=True, text=True, env=env, timeout=60
+        )
         seen.append((name, result.get("error"), typo.returncode, runs.stdout.strip(), typo.stderr + runs.stderr))
 
     results = benchmark.run_search(zoo.connect(shared_registry), search, report=report, steps=1, warmup=0)
@@ -136,8 +136,18 @@ def _cli_writer(url: str, until: float, acked: list, problems: list) -> None:
     while time.time() < until:
         i += 1
         name = f"user/cli-{i}"
-        proc = run_cli("--registry", url, "index", "builder", "tests.builders:conv_net", "--name", name,
-                       "--input", "1,3,32,32", check=False)
+        proc = run_cli(
+            "--registry",
+            url,
+            "index",
+            "builder",
+            "tests.builders:conv_net",
+            "--name",
+            name,
+            "--input",
+            "1,3,32,32",
+            check=False,
+        )
         if proc.returncode == 0:
             acked.append(["present", name])
         else:
@@ -145,16 +155,24 @@ def _cli_writer(url: str, until: float, acked: list, problems: list) -> None:
         if i % 2 == 0:
             gone = f"user/cli-{i - 1}"
             proc = run_cli("--registry", url, "rm", gone, check=False)
-            (acked.append(["absent", gone]) if proc.returncode == 0 else
-             problems.append(f"zoo rm exited {proc.returncode}: {proc.stderr[-500:]}"))
+            (
+                acked.append(["absent", gone])
+                if proc.returncode == 0
+                else problems.append(f"zoo rm exited {proc.returncode}: {proc.stderr[-500:]}")
+            )
         proc = run_cli("--registry", url, "show", "user/cli-typo", check=False)
         if proc.returncode == 0 or any(word in proc.stderr for word in BROKEN):
             problems.append(f"zoo show of a misspelt name exited {proc.returncode}: {proc.stderr[-500:]}")
 
 
 def _requests(base: str, until: float, statuses: dict, problems: list) -> None:
-    paths = ["/api/search?q=family%3Duser", "/", "/api/models/user/cli-1", "/api/search?q=params%3E0&sort=-params",
-             "/model/timm/resnet18"]
+    paths = [
+        "/api/search?q=family%3Duser",
+        "/",
+        "/api/models/user/cli-1",
+        "/api/search?q=params%3E0&sort=-params",
+        "/model/timm/resnet18",
+    ]
     while time.time() < until:
         for path in paths:
             try:
@@ -218,12 +236,26 @@ def test_soak_long_lived_processes_cli_writers_and_a_server(backend_url, tmp_pat
     save_file({k: v.contiguous() for k, v in conv_net().state_dict().items()}, weights)
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     port = _free_port()
-    server = subprocess.Popen([sys.executable, "-m", "zoo.cli", "--registry", url, "serve", "--port", str(port)],
-                              cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    server = subprocess.Popen(
+        [sys.executable, "-m", "zoo.cli", "--registry", url, "serve", "--port", str(port)],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     until = time.time() + 20 + SOAK_S  # the clients import torch first
-    clients = [subprocess.Popen([sys.executable, "-m", "tests.soak_client", "client", url, f"c{k}", str(until),
-                                 str(weights)], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                text=True) for k in range(CLIENTS)]
+    clients = [
+        subprocess.Popen(
+            [sys.executable, "-m", "tests.soak_client", "client", url, f"c{k}", str(until), str(weights)],
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for k in range(CLIENTS)
+    ]
     cli_acked, problems, statuses = [], [], {}
     base = f"http://127.0.0.1:{port}"
     try:
@@ -235,11 +267,14 @@ def test_soak_long_lived_processes_cli_writers_and_a_server(backend_url, tmp_pat
             except OSError:
                 assert server.poll() is None and time.time() < deadline, "zoo serve did not start"
                 time.sleep(0.2)
-        threads = [threading.Thread(target=_cli_writer, args=(url, until, cli_acked, problems)),
-                   threading.Thread(target=_requests, args=(base, until, statuses, problems))]
+        threads = [
+            threading.Thread(target=_cli_writer, args=(url, until, cli_acked, problems)),
+            threading.Thread(target=_requests, args=(base, until, statuses, problems)),
+        ]
         if url.startswith("sqlite"):
-            threads.append(threading.Thread(target=_sqlite_reader, args=(url.removeprefix("sqlite:///"), until,
-                                                                           problems)))
+            threads.append(
+                threading.Thread(target=_sqlite_reader, args=(url.removeprefix("sqlite:///"), until, problems))
+            )
         for t in threads:
             t.start()
         results = []
@@ -262,11 +297,22 @@ def test_soak_long_lived_processes_cli_writers_and_a_server(backend_url, tmp_pat
     assert all(r["ops"] > 5 for r in results), [r["ops"] for r in results]  # the load really ran
     if url.startswith("sqlite"):
         assert _integrity(url.removeprefix("sqlite:///")) == [("ok",)]
-    seen = json.loads(subprocess.run([sys.executable, "-m", "tests.soak_client", "state", url], cwd=ROOT, env=env,
-                                     capture_output=True, text=True, check=True, timeout=120).stdout)
+    seen = json.loads(
+        subprocess.run(
+            [sys.executable, "-m", "tests.soak_client", "state", url],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=120,
+        ).stdout
+    )
     expected = _expected([r["acked"] for r in results] + [cli_acked])
     expected["user/seed"] = {"tags": [], "runs": 0}
     assert seen == expected
     writes = sum(len(r["acked"]) for r in results) + len(cli_acked)
-    print(f"soak on {url.split(':')[0]}: {sum(r['ops'] for r in results)} client operations, {writes} acknowledged "
-          f"writes ({len(cli_acked)} by the CLI), {sum(statuses.values())} requests {statuses}")
+    print(
+        f"soak on {url.split(':')[0]}: {sum(r['ops'] for r in results)} client operations, {writes} acknowledged "
+        f"writes ({len(cli_acked)} by the CLI), {sum(statuses.values())} requests {statuses}"
+    )

@@ -59,10 +59,15 @@ def test_a_model_info_from_the_shipped_registry_is_a_row():
     assert predict(info, GPU, 1024) == predict(numbers, GPU, 1024)
 
 
-@pytest.mark.parametrize("row, batch", [({"flops": 1e9, "bytes": 1e6, "train_activation_bytes": None}, 1),
-                                        ({"flops": 0, "bytes": 1e6, "train_activation_bytes": 1e6}, 1),
-                                        ({"flops": 1e9, "bytes": 1e6, "train_activation_bytes": 1e6}, 0),
-                                        ({"flops": 1e9, "bytes": True, "train_activation_bytes": 1e6}, 1)])
+@pytest.mark.parametrize(
+    "row, batch",
+    [
+        ({"flops": 1e9, "bytes": 1e6, "train_activation_bytes": None}, 1),
+        ({"flops": 0, "bytes": 1e6, "train_activation_bytes": 1e6}, 1),
+        ({"flops": 1e9, "bytes": 1e6, "train_activation_bytes": 1e6}, 0),
+        ({"flops": 1e9, "bytes": True, "train_activation_bytes": 1e6}, 1),
+    ],
+)
 def test_a_row_without_its_numbers_or_a_bad_batch_is_refused(row, batch):
     with pytest.raises(InvalidArgument):
         predict(row, GPU, batch)
@@ -74,8 +79,13 @@ def test_the_hardware_table_lists_every_measured_device_with_its_source():
     with open(HARDWARE, newline="") as f:
         rows = list(csv.DictReader(f))
     assert len(rows) == len(devices)
-    vendors = {"infer_4090_amp": "Ada", "infer_5090_amp": "Blackwell", "infer_pro6000_amp": "datasheet",
-               "infer_i7_12700h_fp32": "Intel ARK", "train_3090_amp": "GA102"}
+    vendors = {
+        "infer_4090_amp": "Ada",
+        "infer_5090_amp": "Blackwell",
+        "infer_pro6000_amp": "datasheet",
+        "infer_i7_12700h_fp32": "Intel ARK",
+        "train_3090_amp": "GA102",
+    }
     for row in rows:
         assert vendors[row["column"]] in row["source"]
         assert row["peak_basis"].split(":")[0] in ("published", "derived")
@@ -106,8 +116,9 @@ def test_a_missing_or_unreadable_hardware_table_is_refused(tmp_path):
 
 def test_the_bench_script_reports_every_device_on_the_shipped_registry():
     script = [sys.executable, str(ROOT / "bench" / "predict_throughput.py"), "--registry", str(ROOT / "registry.db")]
-    report = json.loads(subprocess.run(script + ["--json", "--pairs"], capture_output=True, text=True, check=True,
-                                       timeout=120).stdout)
+    report = json.loads(
+        subprocess.run(script + ["--json", "--pairs"], capture_output=True, text=True, check=True, timeout=120).stdout
+    )
     for column in THROUGHPUT:
         d = report["devices"][column]
         with open(ROOT / "catalog" / "timm-results" / _benchmark_file(column), newline="") as f:
@@ -129,8 +140,11 @@ def test_families_can_be_timm_entrypoint_modules():
     # some of deit's entrypoints (timm.models.deit) build VisionTransformer (timm.models.vision_transformer)
     script = [sys.executable, str(ROOT / "bench" / "predict_throughput.py"), "--json"]
     by_class = json.loads(subprocess.run(script, capture_output=True, text=True, check=True, timeout=120).stdout)
-    by_entry = json.loads(subprocess.run(script + ["--family-by", "entrypoint"], capture_output=True, text=True,
-                                         check=True, timeout=120).stdout)
+    by_entry = json.loads(
+        subprocess.run(
+            script + ["--family-by", "entrypoint"], capture_output=True, text=True, check=True, timeout=120
+        ).stdout
+    )
     import timm
 
     assert "deit_small_patch16_224" in timm.list_models(module="deit")

@@ -12,9 +12,9 @@ from huggingface_hub.errors import OfflineModeIsEnabled
 from huggingface_hub.utils import get_session
 
 from tests import builders
-from zoo.families import timm_loader
 from zoo.build import build_meta
 from zoo.errors import BuildFailed, DownloadBlocked
+from zoo.families import timm_loader
 from zoo.recipe import Recipe
 
 UNREACHABLE = "http://127.0.0.1:9/"  # the discard port: nothing listens, the connection is refused at once
@@ -56,8 +56,9 @@ def _in_thread(fn):
 
 def _held_build(gate: str, inside):
     hold = builders.HELD[gate] = {"entered": threading.Event(), "release": threading.Event(), "inside": inside}
-    thread, out = _in_thread(lambda: build_meta(Recipe("user", "tests.builders:held", {"gate": gate}),
-                                                trusted={"tests"}))
+    thread, out = _in_thread(
+        lambda: build_meta(Recipe("user", "tests.builders:held", {"gate": gate}), trusted={"tests"})
+    )
     assert hold["entered"].wait(60), out
     return hold, thread, out
 
@@ -104,8 +105,11 @@ def test_two_builds_at_once_each_stay_offline_and_leave_nothing(tmp_path, weight
 
     def inside(name):
         def check():
-            seen[name] = (_raised(lambda: torch.hub.download_url_to_file(weights.as_uri(), str(tmp_path / name))),
-                          constants.is_offline_mode())
+            seen[name] = (
+                _raised(lambda: torch.hub.download_url_to_file(weights.as_uri(), str(tmp_path / name))),
+                constants.is_offline_mode(),
+            )
+
         return check
 
     first, first_thread, first_out = _held_build("first", inside("first"))

@@ -20,31 +20,113 @@ from sqlalchemy.dialects import sqlite
 from sqlalchemy.orm import Session
 
 from zoo.errors import SearchSyntaxError
+from zoo.query import FIELDS, MAX_COMPARISONS, MAX_DEPTH, MAX_LENGTH, And, Compare, F, Or, parse
 from zoo.registry import db, lite, store
-from zoo.registry.tables import Model
-from zoo.query import FIELDS, MAX_COMPARISONS, MAX_DEPTH, MAX_LENGTH, And, Compare, F, Not, Or, parse
 from zoo.registry.sql import compile_search, sort_clause
+from zoo.registry.tables import Model
 
 REPO = Path(__file__).resolve().parents[1]
-STRING_FIELDS = ["name", "short", "family", "builder", "arch", "task", "status", "dtype", "scan_status", "kind",
-                 "arch_name", "tag", "license", "dataset", "gated", "pretrain"]
+STRING_FIELDS = [
+    "name",
+    "short",
+    "family",
+    "builder",
+    "arch",
+    "task",
+    "status",
+    "dtype",
+    "scan_status",
+    "kind",
+    "arch_name",
+    "tag",
+    "license",
+    "dataset",
+    "gated",
+    "pretrain",
+]
 THROUGHPUT = ["infer_4090_amp", "infer_5090_amp", "infer_pro6000_amp", "infer_i7_12700h_fp32", "train_3090_amp"]
 BATCH_FIELDS = [f"{f}_batch" for f in THROUGHPUT]  # 32-bit columns
-NUMBER_FIELDS = ["params", "trainable", "buffers", "tensors", "bytes", "param_bytes", "buffer_bytes",
-                 "flops", "macs", "train_activation_bytes", "peak_activation_bytes", "num_classes", "weights_bytes",
-                 "active_params", "kv_bytes_per_token", "flops_per_token", "context_length", "sliding_window",
-                 "layers", "hidden_size", "heads", "kv_heads", "vocab_size", "experts", "experts_per_token",
-                 "downloads", "likes", "hub_params", "test_flops", *BATCH_FIELDS]
-FLOAT_FIELDS = ["top1", "top5", "real_top1", "real_top5", "v2_top1", "v2_top5", "sketch_top1", "sketch_top5",
-                "a_top1", "a_top5", "r_top1", "r_top5", "box_map", "mask_map", "keypoint_map", "miou", "pixel_acc",
-                "k400_top1", "k400_top5", "test_top1", "test_top5", *THROUGHPUT]
+NUMBER_FIELDS = [
+    "params",
+    "trainable",
+    "buffers",
+    "tensors",
+    "bytes",
+    "param_bytes",
+    "buffer_bytes",
+    "flops",
+    "macs",
+    "train_activation_bytes",
+    "peak_activation_bytes",
+    "num_classes",
+    "weights_bytes",
+    "active_params",
+    "kv_bytes_per_token",
+    "flops_per_token",
+    "context_length",
+    "sliding_window",
+    "layers",
+    "hidden_size",
+    "heads",
+    "kv_heads",
+    "vocab_size",
+    "experts",
+    "experts_per_token",
+    "downloads",
+    "likes",
+    "hub_params",
+    "test_flops",
+    *BATCH_FIELDS,
+]
+FLOAT_FIELDS = [
+    "top1",
+    "top5",
+    "real_top1",
+    "real_top5",
+    "v2_top1",
+    "v2_top5",
+    "sketch_top1",
+    "sketch_top5",
+    "a_top1",
+    "a_top5",
+    "r_top1",
+    "r_top5",
+    "box_map",
+    "mask_map",
+    "keypoint_map",
+    "miou",
+    "pixel_acc",
+    "k400_top1",
+    "k400_top5",
+    "test_top1",
+    "test_top5",
+    *THROUGHPUT,
+]
 KEYWORDS = ("and", "or", "not")
 BARE = re.compile(r"[A-Za-z0-9_.\-/*?:+@]+")  # the grammar's bare-word characters, restated
 
 # Values chosen to hit LIKE's special characters, quotes, case and non-ASCII case folding.
 WORDS = [
-    "resnet50", "vit_base_patch16_224", "ViT-Large", "gpt2", "bert base", "50%off", "50Xoff", "under_score",
-    "underXscore", "it's", 'say "hi"', "Straße", "ÄÖÜ", "äöü", "x?y*z", "[ab]", "back\\slash", "1x", "7B", "#",
+    "resnet50",
+    "vit_base_patch16_224",
+    "ViT-Large",
+    "gpt2",
+    "bert base",
+    "50%off",
+    "50Xoff",
+    "under_score",
+    "underXscore",
+    "it's",
+    'say "hi"',
+    "Straße",
+    "ÄÖÜ",
+    "äöü",
+    "x?y*z",
+    "[ab]",
+    "back\\slash",
+    "1x",
+    "7B",
+    "#",
 ]
 SPECIAL_NUMBERS = [0, 1, 1000, 7_000_000_000, 350_000_000, 1_610_612_736, 500_000_000, 2**40, 10**12]
 
@@ -57,31 +139,46 @@ def _make_rows(n: int = 300) -> list[dict]:
         short = rng.choice(WORDS) + (str(i) if rng.random() < 0.4 else "")
         ok = rng.random() < 0.85
 
-        def number():
+        def number(ok=ok):
             if not ok or rng.random() < 0.1:
                 return None
             return rng.choice(SPECIAL_NUMBERS) if rng.random() < 0.3 else int(10 ** rng.uniform(0, 12))
 
-        rows.append({
-            "name": f"{family}/{short}#{i}",
-            "short": short,
-            "family": family,
-            "builder": rng.choice(["timm:create_model", "pkg.mod:fn", "C:\\models\\m.py", rng.choice(WORDS)]),
-            "arch": rng.choice([None, "timm.models.resnet.ResNet", "VisionTransformer", "GPT2LMHeadModel", "Ünet",
-                                "a_b%c", "back\\slash", "1x"]),
-            "task": rng.choice([None, "image-classification", "text-generation", "Fill-Mask", "object detection",
-                                "it's"]),
-            "status": "ok" if ok else "error",
-            "dtype": rng.choice([None, "float32", "bfloat16", "Float16"]) if ok else None,
-            **{f: number() for f in NUMBER_FIELDS},
-            "scan_status": rng.choice([None, "ok", "error", "no-input"]) if ok else None,
-            "kind": rng.choice(["architecture", "variant"]),
-            "arch_name": rng.choice([f"{family}/{short}", "timm/resnet50", "ViT-Large"]),
-            **{f: rng.choice([None, rng.choice(WORDS)]) for f in ("tag", "license", "dataset", "pretrain")},
-            "gated": rng.choice([None, "false", "auto", "manual"]),
-            **{f: rng.choice([None, 0.0, 50.0, 85.0, 85.25, 99.999, round(rng.uniform(0, 100), 3)])
-               for f in FLOAT_FIELDS},
-        })
+        rows.append(
+            {
+                "name": f"{family}/{short}#{i}",
+                "short": short,
+                "family": family,
+                "builder": rng.choice(["timm:create_model", "pkg.mod:fn", "C:\\models\\m.py", rng.choice(WORDS)]),
+                "arch": rng.choice(
+                    [
+                        None,
+                        "timm.models.resnet.ResNet",
+                        "VisionTransformer",
+                        "GPT2LMHeadModel",
+                        "Ünet",
+                        "a_b%c",
+                        "back\\slash",
+                        "1x",
+                    ]
+                ),
+                "task": rng.choice(
+                    [None, "image-classification", "text-generation", "Fill-Mask", "object detection", "it's"]
+                ),
+                "status": "ok" if ok else "error",
+                "dtype": rng.choice([None, "float32", "bfloat16", "Float16"]) if ok else None,
+                **{f: number() for f in NUMBER_FIELDS},
+                "scan_status": rng.choice([None, "ok", "error", "no-input"]) if ok else None,
+                "kind": rng.choice(["architecture", "variant"]),
+                "arch_name": rng.choice([f"{family}/{short}", "timm/resnet50", "ViT-Large"]),
+                **{f: rng.choice([None, rng.choice(WORDS)]) for f in ("tag", "license", "dataset", "pretrain")},
+                "gated": rng.choice([None, "false", "auto", "manual"]),
+                **{
+                    f: rng.choice([None, 0.0, 50.0, 85.0, 85.25, 99.999, round(rng.uniform(0, 100), 3)])
+                    for f in FLOAT_FIELDS
+                },
+            }
+        )
         for f in ("tensors", *BATCH_FIELDS):
             if rows[-1][f] is not None:  # a 32-bit column (zoo.columns), as PostgreSQL enforces
                 rows[-1][f] %= 2**31
@@ -126,8 +223,15 @@ def defined(field, pred):
 # ---- a reference evaluator, independent of zoo.search: nodes are tuples ----
 
 ASCII_LOWER = str.maketrans("ABCDEFGHIJKLMNOPQRSTUVWXYZ", "abcdefghijklmnopqrstuvwxyz")
-PY_OPS = {"<": operator.lt, "<=": operator.le, ">": operator.gt, ">=": operator.ge, "=": operator.eq,
-          "==": operator.eq, "!=": operator.ne}
+PY_OPS = {
+    "<": operator.lt,
+    "<=": operator.le,
+    ">": operator.gt,
+    ">=": operator.ge,
+    "=": operator.eq,
+    "==": operator.eq,
+    "!=": operator.ne,
+}
 
 
 def matches(node, row) -> bool:
@@ -164,9 +268,24 @@ def to_f(node):
     return col.glob(value) if op == "~" else PY_OPS[op](col, value)
 
 
-SUFFIXES = {"": 1, "k": 10**3, "K": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "B": 10**9, "kB": 10**3,
-            "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30,
-            "TiB": 2**40}
+SUFFIXES = {
+    "": 1,
+    "k": 10**3,
+    "K": 10**3,
+    "M": 10**6,
+    "G": 10**9,
+    "T": 10**12,
+    "B": 10**9,
+    "kB": 10**3,
+    "KB": 10**3,
+    "MB": 10**6,
+    "GB": 10**9,
+    "TB": 10**12,
+    "KiB": 2**10,
+    "MiB": 2**20,
+    "GiB": 2**30,
+    "TiB": 2**40,
+}
 
 
 @st.composite
@@ -247,9 +366,9 @@ def quote(s: str, q: str) -> str:
 
 def render(draw, node, context="top") -> str:
     """Search text for a node, with random spacing, keyword/field case and quoting."""
-    space = lambda: draw(st.sampled_from(["", " ", "  ", "\t"]))  # noqa: E731
+    space = lambda: draw(st.sampled_from(["", " ", "  ", "\t"]))  # noqa: E731 - a one-line draw helper
     gap = lambda: draw(st.sampled_from([" ", "  ", "\n"]))  # noqa: E731 - needed between words
-    word = lambda w: draw(st.sampled_from([w.lower(), w.upper(), w.capitalize()]))  # noqa: E731
+    word = lambda w: draw(st.sampled_from([w.lower(), w.upper(), w.capitalize()]))  # noqa: E731 - a one-line draw helper
     kind = node[0]
     if kind == "cmp":
         _, field, op, value, text = node
@@ -271,12 +390,34 @@ def render(draw, node, context="top") -> str:
 
 # ---- examples ----
 
-@pytest.mark.parametrize("text, value", [
-    ("7B", 7_000_000_000), ("350M", 350_000_000), ("1.5GiB", 1_610_612_736), ("500MB", 500_000_000),
-    ("7e9", 7_000_000_000), ("1_000", 1000), ("1.5e-3", 0.0015), ("2k", 2000), ("2K", 2000), ("1KiB", 1024),
-    ("3TB", 3 * 10**12), ("1T", 10**12), ("1G", 10**9), ("2TiB", 2 * 2**40), ("0.1K", 100), ("-5", -5),
-    ("1.0", 1), ("+3", 3), (".5", 0.5), ("1E3", 1000), ("1_000.000_1", 1000.0001), ("1e20", 1e20),
-])
+
+@pytest.mark.parametrize(
+    "text, value",
+    [
+        ("7B", 7_000_000_000),
+        ("350M", 350_000_000),
+        ("1.5GiB", 1_610_612_736),
+        ("500MB", 500_000_000),
+        ("7e9", 7_000_000_000),
+        ("1_000", 1000),
+        ("1.5e-3", 0.0015),
+        ("2k", 2000),
+        ("2K", 2000),
+        ("1KiB", 1024),
+        ("3TB", 3 * 10**12),
+        ("1T", 10**12),
+        ("1G", 10**9),
+        ("2TiB", 2 * 2**40),
+        ("0.1K", 100),
+        ("-5", -5),
+        ("1.0", 1),
+        ("+3", 3),
+        (".5", 0.5),
+        ("1E3", 1000),
+        ("1_000.000_1", 1000.0001),
+        ("1e20", 1e20),
+    ],
+)
 def test_numbers(text, value):
     compare = parse(f"params<{text}")
     assert compare == Compare("params", "<", value)
@@ -307,27 +448,33 @@ def test_numbers_past_a_32_bit_column_compare_rather_than_overflow(engine):
 
 
 def test_precedence_and_parentheses(engine):
-    fam = lambda *fs: lambda r: r["family"] in fs  # noqa: E731
+    fam = lambda *fs: lambda r: r["family"] in fs  # noqa: E731 - a one-line predicate factory
     small = defined("params", lambda v: v < 10**6)
     assert names(engine, "family=hf or family=timm and params<1M") == where(
-        lambda r: fam("hf")(r) or (fam("timm")(r) and small(r)))
+        lambda r: fam("hf")(r) or (fam("timm")(r) and small(r))
+    )
     assert names(engine, "(family=hf or family=timm) and params<1M") == where(
-        lambda r: fam("hf", "timm")(r) and small(r))
+        lambda r: fam("hf", "timm")(r) and small(r)
+    )
     assert names(engine, "not family=hf and params<1M") == where(lambda r: not fam("hf")(r) and small(r))
     assert names(engine, "not (family=hf and params<1M)") == where(lambda r: not (fam("hf")(r) and small(r)))
-    assert parse("family=hf or family=timm and params<1M") == Or((
-        Compare("family", "=", "hf"), And((Compare("family", "=", "timm"), Compare("params", "<", 10**6)))))
+    assert parse("family=hf or family=timm and params<1M") == Or(
+        (Compare("family", "=", "hf"), And((Compare("family", "=", "timm"), Compare("params", "<", 10**6))))
+    )
 
 
 def test_null_semantics_are_two_valued(engine):
     assert names(engine, "task = text-generation") == where(lambda r: r["task"] == "text-generation")
     assert names(engine, "not task = text-generation") == where(lambda r: r["task"] != "text-generation")
     assert names(engine, "task != text-generation") == where(
-        lambda r: r["task"] is not None and r["task"] != "text-generation")
+        lambda r: r["task"] is not None and r["task"] != "text-generation"
+    )
     assert names(engine, "not params < 1M") == where(lambda r: r["params"] is None or r["params"] >= 10**6)
     # the clause itself is two-valued, so a caller's own NOT keeps the rows without a task too
     with engine.connect() as conn:
-        negated = set(conn.scalars(select(Model.name).where(~compile_search("task=text-generation", engine.dialect.name))))
+        negated = set(
+            conn.scalars(select(Model.name).where(~compile_search("task=text-generation", engine.dialect.name)))
+        )
     assert negated == names(engine, "not task = text-generation")
 
 
@@ -352,7 +499,7 @@ def test_equality_is_exact(engine):
 
 def test_quoted_strings(engine):
     assert names(engine, "task='object detection'") == where(lambda r: r["task"] == "object detection") != set()
-    assert names(engine, "task=\"it's\"") == names(engine, "task='it\\'s'") == where(lambda r: r["task"] == "it's")
+    assert names(engine, 'task="it\'s"') == names(engine, "task='it\\'s'") == where(lambda r: r["task"] == "it's")
     assert names(engine, "short~'say \\\"hi\\\"*'") == set()  # a backslash before the other quote stays
     assert names(engine, 'short~"say \\"hi\\"*"') == where(lambda r: r["short"].startswith('say "hi"'))
     assert parse("builder='C:\\models\\m.py'") == Compare("builder", "=", "C:\\models\\m.py")
@@ -387,20 +534,27 @@ def test_f_expressions_equal_string_expressions(engine):
 
 def test_f_errors():
     with pytest.raises(AttributeError, match="fields are: name, short"):
-        F.nope  # noqa: B018
-    for bad in [lambda: F.params < "abc", lambda: F.params == True, lambda: F.name == 3,  # noqa: E712
-                lambda: F.params.glob("1*"), lambda: F.name.glob("[ab]"), lambda: F.params < float("nan"),
-                lambda: F.params < float("inf"), lambda: F.params < None]:
+        F.nope  # noqa: B018 - must raise AttributeError: no field named nope
+    for bad in [
+        lambda: F.params < "abc",
+        lambda: F.params == True,  # noqa: E712 - F.params == builds a search expression; True is the bad operand
+        lambda: F.name == 3,
+        lambda: F.params.glob("1*"),
+        lambda: F.name.glob("[ab]"),
+        lambda: F.params < float("nan"),
+        lambda: F.params < float("inf"),
+        lambda: F.params < None,
+    ]:
         with pytest.raises(SearchSyntaxError):
             bad()
     with pytest.raises(TypeError):
         bool(F.params < 3)
     with pytest.raises(TypeError):
-        1 < F.params < 3  # noqa: B015
+        1 < F.params < 3  # noqa: B015 - must raise TypeError: a chained comparison asks for a truth value
     with pytest.raises(TypeError):
-        (F.params < 3) and (F.name == "x")  # noqa: B015
+        (F.params < 3) and (F.name == "x")  # noqa: B018 - must raise TypeError: `and` asks a search expression for its truth value
     with pytest.raises(TypeError):
-        (F.params < 3) & 5  # noqa: B015
+        (F.params < 3) & 5
 
 
 def test_hand_built_expressions_are_bounded():
@@ -429,13 +583,17 @@ def test_limits_that_parse_also_run(engine):
         names(engine, text)
         with engine.connect() as conn:  # also inside a caller's subquery
             dialect = engine.dialect.name
-            inner = select(Model.id).where(compile_search(text, dialect)).order_by(sort_clause("-params", dialect)).limit(5)
+            inner = (
+                select(Model.id).where(compile_search(text, dialect)).order_by(sort_clause("-params", dialect)).limit(5)
+            )
             conn.execute(select(func.count()).select_from(inner.subquery())).scalar()
 
 
 def test_sql_is_parameterised(engine):
     nasty = "it's'; DROP TABLE models; --"
-    clause = compile_search(f"name = {quote(nasty, chr(39))} or name ~ \"*O'Brien*\" or params = -7B", engine.dialect.name)
+    clause = compile_search(
+        f'name = {quote(nasty, chr(39))} or name ~ "*O\'Brien*" or params = -7B', engine.dialect.name
+    )
     compiled = select(Model.id).where(clause).compile(dialect=sqlite.dialect())
     sql = str(compiled)
     assert "it's" not in sql and "DROP" not in sql and "Brien" not in sql and "7000000000" not in sql
@@ -446,8 +604,13 @@ def test_sql_is_parameterised(engine):
 
 
 def test_str_round_trips():
-    for text in ["params<7B and (family=timm or task='object detection')", "not task=x",
-                 "name~'*it\\'s*' or not (params>=1.5 and not dtype=float32)", "task=''", "task='and'"]:
+    for text in [
+        "params<7B and (family=timm or task='object detection')",
+        "not task=x",
+        "name~'*it\\'s*' or not (params>=1.5 and not dtype=float32)",
+        "task=''",
+        "task='and'",
+    ]:
         e = parse(text)
         assert parse(str(e)) == e
 
@@ -480,7 +643,9 @@ def roofline(row, column):
         return None
     steps = 3 if hw["mode"] == "train" else 1
     compute = steps * row["flops"] / (float(hw["peak_tflops"]) * 1e12)
-    moved = 2 * steps * row["train_activation_bytes"] * int(hw["element_bytes"]) / 4 + steps * row["bytes"] / int(hw["batch"])
+    moved = 2 * steps * row["train_activation_bytes"] * int(hw["element_bytes"]) / 4 + steps * row["bytes"] / int(
+        hw["batch"]
+    )
     return 1 / max(compute, moved / (float(hw["bandwidth_gbs"]) * 1e9))
 
 
@@ -497,12 +662,13 @@ def test_predicted_fields_search_and_sort_as_the_roofline_says(engine, column):
         assert names(engine, f"{field}>{threshold!r}") == above
         assert names(engine, f"not {field}>{threshold!r}") == {r["name"] for r in ROWS} - above
         assert names(engine, f"{field}<={threshold!r} and family=timm") == {
-            n for n, v in speeds.items() if v is not None and v <= threshold and n.startswith("timm/")}
+            n for n, v in speeds.items() if v is not None and v <= threshold and n.startswith("timm/")
+        }
     with Session(engine) as session:
         got = [i.name for i in store.search(session, "status=ok", f"-{field}", None)]
     ok = [r["name"] for r in ROWS if r["status"] == "ok"]
     want = sorted((n for n in ok if speeds[n] is not None), key=lambda n: (-speeds[n], n.encode()))
-    assert got[:len(want)] == want and set(got[len(want):]) == set(ok) - set(want)
+    assert got[: len(want)] == want and set(got[len(want) :]) == set(ok) - set(want)
     if engine.dialect.name == "sqlite":
         assert [i.name for i in lite.search(str(engine.url), "status=ok", f"-{field}", None)] == got
 
@@ -513,8 +679,9 @@ def test_strings_sort_bytewise_on_every_backend(engine):
 
     for field in STRING_FIELDS:
         with engine.connect() as conn:
-            got = conn.execute(select(getattr(Model, field), Model.name)
-                               .order_by(sort_clause(field, engine.dialect.name))).all()
+            got = conn.execute(
+                select(getattr(Model, field), Model.name).order_by(sort_clause(field, engine.dialect.name))
+            ).all()
         present = sorted((r[field], r["name"]) for r in ROWS if r[field] is not None)
         missing = sorted((None, r["name"]) for r in ROWS if r[field] is None)
         assert [tuple(r) for r in got] == present + missing, field
@@ -522,43 +689,48 @@ def test_strings_sort_bytewise_on_every_backend(engine):
 
     with Session(engine) as session:  # the registry's own default order, by name
         assert [r["name"] for r in store.search(session, "status=ok", fields=("name",))] == sorted(
-            r["name"] for r in ROWS if r["status"] == "ok")
+            r["name"] for r in ROWS if r["status"] == "ok"
+        )
 
 
 # ---- errors ----
 
-@pytest.mark.parametrize("text, column, message", [
-    ("params<", 8, "expected a value after '<', got the end"),
-    ("params <> 3", 9, "expected a value after '<', got '>'"),
-    ("(params<3", 10, "expected ')' to close the '(' at column 1"),
-    ("params<3)", 9, "unexpected ')'"),
-    ("foo=1", 1, "unknown field 'foo'"),
-    ("params=abc", 8, "expected a number for params"),
-    ('params="abc"', 8, "expected a number for params"),
-    ("name~'[ab]*'", 6, "character classes"),
-    ("and", 1, "expected a comparison"),
-    ("params<3 and", 13, "expected a comparison"),
-    ("params<3 and or task=x", 14, "expected a comparison"),
-    ("", 1, "empty search"),
-    ("   ", 4, "empty search"),
-    ("params~3*", 7, "string fields only"),
-    ("name='abc", 6, "unterminated string"),
-    ("params<3 # x", 10, "unexpected character '#'"),
-    ("params ! 3", 8, "unexpected character '!'"),
-    ("task=and", 6, "quote it"),
-    ("params<1e999999", 8, "out of range"),
-    ("params<1e99999999999999999999999", 8, "out of range"),
-    ("params<1e-400", 8, "out of range"),
-    ("name=x params<3", 8, "expected 'and', 'or' or the end"),
-    ("()", 2, "expected a comparison"),
-    ("not", 4, "expected a comparison"),
-    ("params 3", 8, "expected an operator"),
-    ("params=(3)", 8, "expected a value"),
-    ("1_=3", 1, "unknown field"),
-    ("params<1__0", 8, "expected a number"),
-    ("params<1.5.5", 8, "expected a number"),
-    ("params<7b", 8, "expected a number"),  # lowercase b is not billions
-])
+
+@pytest.mark.parametrize(
+    "text, column, message",
+    [
+        ("params<", 8, "expected a value after '<', got the end"),
+        ("params <> 3", 9, "expected a value after '<', got '>'"),
+        ("(params<3", 10, "expected ')' to close the '(' at column 1"),
+        ("params<3)", 9, "unexpected ')'"),
+        ("foo=1", 1, "unknown field 'foo'"),
+        ("params=abc", 8, "expected a number for params"),
+        ('params="abc"', 8, "expected a number for params"),
+        ("name~'[ab]*'", 6, "character classes"),
+        ("and", 1, "expected a comparison"),
+        ("params<3 and", 13, "expected a comparison"),
+        ("params<3 and or task=x", 14, "expected a comparison"),
+        ("", 1, "empty search"),
+        ("   ", 4, "empty search"),
+        ("params~3*", 7, "string fields only"),
+        ("name='abc", 6, "unterminated string"),
+        ("params<3 # x", 10, "unexpected character '#'"),
+        ("params ! 3", 8, "unexpected character '!'"),
+        ("task=and", 6, "quote it"),
+        ("params<1e999999", 8, "out of range"),
+        ("params<1e99999999999999999999999", 8, "out of range"),
+        ("params<1e-400", 8, "out of range"),
+        ("name=x params<3", 8, "expected 'and', 'or' or the end"),
+        ("()", 2, "expected a comparison"),
+        ("not", 4, "expected a comparison"),
+        ("params 3", 8, "expected an operator"),
+        ("params=(3)", 8, "expected a value"),
+        ("1_=3", 1, "unknown field"),
+        ("params<1__0", 8, "expected a number"),
+        ("params<1.5.5", 8, "expected a number"),
+        ("params<7b", 8, "expected a number"),  # lowercase b is not billions
+    ],
+)
 def test_errors(text, column, message):
     with pytest.raises(SearchSyntaxError) as err:
         parse(text)
@@ -592,18 +764,20 @@ def test_unknown_field_lists_fields():
 
 
 def test_fields_table():
-    assert FIELDS == {**dict.fromkeys(STRING_FIELDS, "string"),
-                      **dict.fromkeys(NUMBER_FIELDS + FLOAT_FIELDS, "number")}
+    assert FIELDS == {**dict.fromkeys(STRING_FIELDS, "string"), **dict.fromkeys(NUMBER_FIELDS + FLOAT_FIELDS, "number")}
     assert all(hasattr(Model, f) for f in FIELDS)
 
 
-@pytest.mark.parametrize("text, column, message", [
-    ("(" * 10_000 + "params<3" + ")" * 10_000, MAX_LENGTH + 1, "search too long"),
-    ("x" * 1_000_000, MAX_LENGTH + 1, "search too long"),
-    ("(" * 4000 + "params<3" + ")" * 4000, MAX_DEPTH + 1, "nested too deeply"),
-    ("not " * 2400 + "params<3", 4 * MAX_DEPTH + 1, "nested too deeply"),
-    (" or ".join(["params<1"] * (MAX_COMPARISONS + 1)), 12 * MAX_COMPARISONS + 1, "too many comparisons"),
-])
+@pytest.mark.parametrize(
+    "text, column, message",
+    [
+        ("(" * 10_000 + "params<3" + ")" * 10_000, MAX_LENGTH + 1, "search too long"),
+        ("x" * 1_000_000, MAX_LENGTH + 1, "search too long"),
+        ("(" * 4000 + "params<3" + ")" * 4000, MAX_DEPTH + 1, "nested too deeply"),
+        ("not " * 2400 + "params<3", 4 * MAX_DEPTH + 1, "nested too deeply"),
+        (" or ".join(["params<1"] * (MAX_COMPARISONS + 1)), 12 * MAX_COMPARISONS + 1, "too many comparisons"),
+    ],
+)
 def test_limits(text, column, message):
     with pytest.raises(SearchSyntaxError) as err:
         parse(text)
@@ -613,6 +787,7 @@ def test_limits(text, column, message):
 
 
 # ---- properties ----
+
 
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.data())
@@ -643,14 +818,25 @@ def test_sqlite_without_sqlalchemy_gives_the_same_rows_in_the_same_order(engine,
     assert lite.search(str(engine.url), text, order_by, limit) == want, (text, order_by, limit)
 
 
-@pytest.mark.parametrize("text", ["family=timm", "status=ok", "name~'*timm*'", "not name~'*timm*'",
-                                  "name~'*orc*' or params<1e6", "name~'*9'", "params>1e3 and params<1e9"])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "family=timm",
+        "status=ok",
+        "name~'*timm*'",
+        "not name~'*timm*'",
+        "name~'*orc*' or params<1e6",
+        "name~'*9'",
+        "params>1e3 and params<1e9",
+    ],
+)
 def test_a_limited_search_gives_the_first_rows_of_the_whole_search_in_order(engine, text):
     """A limited search sorts just the ids (both backends) and zoo.registry.lite plans its own way: a seek in
     order ((family, name)), a name glob whose trigram pre-filter has many rows (60 of 300 have 'timm') left out
     of an in-order scan, an ascending sort by a number read from its index without the rows that have none
     (then fewer than `limit`: the sort plan). Each gives the first `limit` rows of the whole search, which is
     in the order the search promises: by the field, rows without a value last, then by name bytewise."""
+
     def in_order(found, spec):
         field, descending = spec.lstrip("-"), spec.startswith("-")
         present = sorted((i for i in found if getattr(i, field) is not None), key=lambda i: i.name)
@@ -668,15 +854,57 @@ def test_a_limited_search_gives_the_first_rows_of_the_whole_search_in_order(engi
                 assert lite.search(str(engine.url), text, order_by, limit) == whole[:limit], (order_by, limit)
 
 
-TOKENS = sorted(FIELDS) + ["NAME", "Params", "<", "<=", ">", ">=", "=", "==", "!=", "~", "!", "<>", "and", "OR",
-                           "Not", "(", ")", "((", "7B", "1.5GiB", "1e999999", "1e-999", "-5", "1_000", "1__0",
-                           "*vit*", "[ab]", "'x'", "'it\\'s'", '"a b"', "'unterminated", "\\", "abc", "#", "ü", "'['"]
+TOKENS = sorted(FIELDS) + [
+    "NAME",
+    "Params",
+    "<",
+    "<=",
+    ">",
+    ">=",
+    "=",
+    "==",
+    "!=",
+    "~",
+    "!",
+    "<>",
+    "and",
+    "OR",
+    "Not",
+    "(",
+    ")",
+    "((",
+    "7B",
+    "1.5GiB",
+    "1e999999",
+    "1e-999",
+    "-5",
+    "1_000",
+    "1__0",
+    "*vit*",
+    "[ab]",
+    "'x'",
+    "'it\\'s'",
+    '"a b"',
+    "'unterminated",
+    "\\",
+    "abc",
+    "#",
+    "ü",
+    "'['",
+]
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.one_of(st.text(max_size=60), st.lists(st.sampled_from(TOKENS), max_size=25).flatmap(
-    lambda toks: st.lists(st.sampled_from(["", " "]), min_size=len(toks), max_size=len(toks)).map(
-        lambda seps: "".join(s + t for s, t in zip(seps, toks))))))
+@given(
+    st.one_of(
+        st.text(max_size=60),
+        st.lists(st.sampled_from(TOKENS), max_size=25).flatmap(
+            lambda toks: st.lists(st.sampled_from(["", " "]), min_size=len(toks), max_size=len(toks)).map(
+                lambda seps: "".join(s + t for s, t in zip(seps, toks))
+            )
+        ),
+    )
+)
 def test_any_text_parses_or_raises_search_syntax_error(engine, text):
     try:
         expr = parse(text)
@@ -690,7 +918,13 @@ def test_any_text_parses_or_raises_search_syntax_error(engine, text):
 
 def test_search_does_not_import_torch(tmp_path):
     def run(code):
-        return subprocess.run([sys.executable, "-c", code, f"sqlite:///{tmp_path / 'r.db'}"], cwd=REPO, capture_output=True, text=True, timeout=120)
+        return subprocess.run(
+            [sys.executable, "-c", code, f"sqlite:///{tmp_path / 'r.db'}"],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
 
     probe = run("import sys, zoo.registry.tables, zoo.errors; import zoo; print('torch' in sys.modules)")
     if probe.returncode == 0 and probe.stdout.strip() == "True":

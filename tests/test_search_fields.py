@@ -1,6 +1,6 @@
 """Zoo.search(fields=...) takes every field the search takes: a column, a measured field (bench_cpu: the model's
-best recorded run, as the search compares it) and a predicted one (pred_*: zoo.throughput.roofline, as `zoo show` prints it);
-anything else for `fields` is zoo's InvalidArgument naming the argument. On both backends and both read paths."""
+best recorded run, as the search compares it) and a predicted one (pred_*: zoo.throughput.roofline, as `zoo show` prints
+it); anything else for `fields` is zoo's InvalidArgument naming the argument. On both backends and both read paths."""
 
 import shutil
 
@@ -20,8 +20,13 @@ def template(tmp_path_factory) -> str:
     from zoo.registry import db
 
     url = f"sqlite:///{tmp_path_factory.mktemp('fields') / 'r.db'}"
-    indexer.index_one(url, "user/conv", Recipe("user", "tests.builders:conv_net"), trusted={"tests"},
-                      inputs=[{"shape": [1, 3, 32, 32]}])
+    indexer.index_one(
+        url,
+        "user/conv",
+        Recipe("user", "tests.builders:conv_net"),
+        trusted={"tests"},
+        inputs=[{"shape": [1, 3, 32, 32]}],
+    )
     indexer.index_one(url, "user/tied", Recipe("user", "tests.builders:tied_net"), trusted={"tests"})
     db.compact(url)
     return url
@@ -45,22 +50,28 @@ def test_measured_and_predicted_fields_are_fields(registry):
     found = z.search("params<1e9", fields=("name", "bench_cpu", PRED, "params"))
     assert found == [
         {"name": "user/conv", "bench_cpu": run["samples_per_s"], PRED: predicted(conv, PRED), "params": conv.params},
-        {"name": "user/tied", "bench_cpu": None, PRED: None, "params": tied.params}]  # tied: no flops, no run
+        {"name": "user/tied", "bench_cpu": None, PRED: None, "params": tied.params},
+    ]  # tied: no flops, no run
     assert found[0][PRED] > 0
     # just the fields asked for, in their order, without name; with a sort and a limit
-    assert z.search("bench_cpu>0", fields=[PRED, "bench_train_cpu"]) == [{PRED: predicted(conv, PRED),
-                                                                          "bench_train_cpu": None}]
+    assert z.search("bench_cpu>0", fields=[PRED, "bench_train_cpu"]) == [
+        {PRED: predicted(conv, PRED), "bench_train_cpu": None}
+    ]
     assert z.search(None, order_by="-bench_cpu", limit=1, fields=("bench_cpu",)) == [
-        {"bench_cpu": run["samples_per_s"]}]
+        {"bench_cpu": run["samples_per_s"]}
+    ]
     assert z.search("name~user/*", order_by=f"-{PRED}", fields=(n for n in ("name",))) == [
-        {"name": "user/conv"}, {"name": "user/tied"}]
+        {"name": "user/conv"},
+        {"name": "user/tied"},
+    ]
 
 
 def test_the_module_level_search_takes_them_too(registry, monkeypatch):
     monkeypatch.setenv("ZOO_REGISTRY", registry)
     [run] = benchmark.recorded_runs(zoo.connect(registry), "user/conv")
     assert zoo.search("bench_cpu>0", fields=("name", "bench_cpu")) == [
-        {"name": "user/conv", "bench_cpu": run["samples_per_s"]}]
+        {"name": "user/conv", "bench_cpu": run["samples_per_s"]}
+    ]
 
 
 @pytest.mark.parametrize("fields", [5, "name", b"name", ("name", 3), [["name"]], object()])

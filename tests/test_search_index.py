@@ -23,8 +23,12 @@ def _consistent(url: str) -> None:
 def _globs_agree(registry) -> None:
     names = [i.name for i in registry.search(None)]
     for glob in GLOBS:
-        want = {n for n in names if fnmatch.fnmatchcase(n.lower(), glob.lower())
-                or fnmatch.fnmatchcase(n.split("/", 1)[1].lower(), glob.lower())}
+        want = {
+            n
+            for n in names
+            if fnmatch.fnmatchcase(n.lower(), glob.lower())
+            or fnmatch.fnmatchcase(n.split("/", 1)[1].lower(), glob.lower())
+        }
         assert {i.name for i in registry.search(f"name~'{glob}'")} == want, glob
 
 
@@ -52,5 +56,4 @@ def test_trigram_index_follows_every_write(tmp_path):
     registry.copy_to(other, replace=True)  # the target's rows deleted, the source's inserted
     _consistent(other)
     _globs_agree(zoo.connect(other))
-    assert {i.name for i in zoo.connect(other).search("name~'*vit*'")} == {
-        "user/VITality", "user/plainvit"}
+    assert {i.name for i in zoo.connect(other).search("name~'*vit*'")} == {"user/VITality", "user/plainvit"}

@@ -6,21 +6,52 @@ import pytest
 
 import zoo
 from tests.conftest import ROOT
-from zoo.indexing import indexer
 from zoo.families import family
-from zoo.recipe import Recipe
+from zoo.indexing import indexer
 from zoo.model_info import decode_tensors
+from zoo.recipe import Recipe
 
 SHIPPED = ROOT / "registry.db"
 FAMILIES = ["timm", "torchvision"]
 # Always rebuilt: ties, non-persistent buffers, values read while building, detection, video, quantizable.
-PINNED = ["timm/resnet50", "timm/swin_tiny_patch4_window7_224", "timm/regnety_040", "timm/vit_base_patch16_224",
-          "timm/maxvit_tiny_tf_224", "torchvision/maskrcnn_resnet50_fpn", "torchvision/r3d_18",
-          "torchvision/quantized_resnet50", "torchvision/raft_small"]
-COMPARED = ("family", "builder", "kwargs", "arch", "task", "input_size", "versions", "dtype", "params", "trainable",
-            "buffers", "tensors", "param_bytes", "buffer_bytes", "bytes", "status", "error", "source_hash",
-            "flops", "macs", "train_activation_bytes", "peak_activation_bytes", "output_shapes", "scan_status",
-            "scan_error")
+PINNED = [
+    "timm/resnet50",
+    "timm/swin_tiny_patch4_window7_224",
+    "timm/regnety_040",
+    "timm/vit_base_patch16_224",
+    "timm/maxvit_tiny_tf_224",
+    "torchvision/maskrcnn_resnet50_fpn",
+    "torchvision/r3d_18",
+    "torchvision/quantized_resnet50",
+    "torchvision/raft_small",
+]
+COMPARED = (
+    "family",
+    "builder",
+    "kwargs",
+    "arch",
+    "task",
+    "input_size",
+    "versions",
+    "dtype",
+    "params",
+    "trainable",
+    "buffers",
+    "tensors",
+    "param_bytes",
+    "buffer_bytes",
+    "bytes",
+    "status",
+    "error",
+    "source_hash",
+    "flops",
+    "macs",
+    "train_activation_bytes",
+    "peak_activation_bytes",
+    "output_shapes",
+    "scan_status",
+    "scan_error",
+)
 
 
 @pytest.fixture(scope="module")
@@ -66,6 +97,7 @@ def test_a_rebuild_matches_the_shipped_row(shipped, name):
 # ---------------------------------------------------------------------------------------------
 # Pretrained variants: every timm tag and torchvision weights enum, as `make registry` records them.
 
+
 def _variant_names(family_name: str) -> set[str]:
     if family_name == "timm":
         import timm
@@ -78,14 +110,16 @@ def _variant_names(family_name: str) -> set[str]:
 
 @pytest.mark.parametrize("family_name", FAMILIES)
 def test_registry_holds_every_pretrained_variant(shipped, family_name):
-    rows = shipped.search(f"family={family_name} and kind=variant", limit=None,
-                          fields=("name", "status", "error", "arch_name"))
+    rows = shipped.search(
+        f"family={family_name} and kind=variant", limit=None, fields=("name", "status", "error", "arch_name")
+    )
     assert sorted(_variant_names(family_name) - {r["name"] for r in rows}) == [], "run `make registry`"
     assert sorted({r["name"] for r in rows} - _variant_names(family_name)) == []
     assert all(r["error"] for r in rows if r["status"] != "ok")  # a failure says why
     # every variant names an architecture the registry holds
-    architectures = {i["name"] for i in shipped.search(f"family={family_name} and kind=architecture", limit=None,
-                                                         fields=("name",))}
+    architectures = {
+        i["name"] for i in shipped.search(f"family={family_name} and kind=architecture", limit=None, fields=("name",))
+    }
     assert {r["arch_name"] for r in rows} <= architectures
 
 
@@ -110,19 +144,41 @@ def test_shipped_timm_variants_have_the_published_results(shipped):
         published: dict[str, set] = {}
         for r in csv.DictReader(f):
             published.setdefault(r["model"], set()).add(float(r["top1"]))
-    rows = {r["name"]: r for r in shipped.search("family=timm and kind=variant", limit=None,
-                                                 fields=("name", "top1", "metrics"))}
+    rows = {
+        r["name"]: r
+        for r in shipped.search("family=timm and kind=variant", limit=None, fields=("name", "top1", "metrics"))
+    }
     for tag, top1s in published.items():
         row = rows[f"timm/{tag}"]
         assert row["top1"] in top1s and row["metrics"]["imagenet"]["top1"] == row["top1"], tag
     assert all(r["top1"] is None for n, r in rows.items() if n.removeprefix("timm/") not in published)
 
 
-VARIANT_PINNED = ["timm/resnet50.a1_in1k", "timm/vit_small_patch14_dinov2.lvd142m", "timm/vit_tiny_patch16_224.augreg_in21k",
-                  "torchvision/vit_h_14.IMAGENET1K_SWAG_E2E_V1", "torchvision/fasterrcnn_resnet50_fpn.COCO_V1",
-                  "torchvision/googlenet.IMAGENET1K_V1", "torchvision/deeplabv3_resnet50.COCO_WITH_VOC_LABELS_V1"]
-VARIANT_COMPARED = COMPARED + ("kind", "arch_name", "tag", "license", "dataset", "num_classes", "weights_bytes",
-                               "weights_source", "preprocess", "card", "metrics", "top1", "top5", "box_map")
+VARIANT_PINNED = [
+    "timm/resnet50.a1_in1k",
+    "timm/vit_small_patch14_dinov2.lvd142m",
+    "timm/vit_tiny_patch16_224.augreg_in21k",
+    "torchvision/vit_h_14.IMAGENET1K_SWAG_E2E_V1",
+    "torchvision/fasterrcnn_resnet50_fpn.COCO_V1",
+    "torchvision/googlenet.IMAGENET1K_V1",
+    "torchvision/deeplabv3_resnet50.COCO_WITH_VOC_LABELS_V1",
+]
+VARIANT_COMPARED = COMPARED + (
+    "kind",
+    "arch_name",
+    "tag",
+    "license",
+    "dataset",
+    "num_classes",
+    "weights_bytes",
+    "weights_source",
+    "preprocess",
+    "card",
+    "metrics",
+    "top1",
+    "top5",
+    "box_map",
+)
 
 
 def _variant_sample() -> list[str]:

@@ -22,6 +22,7 @@ DEVICES = ["cpu", pytest.param("cuda", marks=needs_cuda)]
 
 # --- the plan, pure ----------------------------------------------------------------------------
 
+
 def _check_plan(ranges, chunks, buffer_bytes):
     covered = {j: 0 for j, r in enumerate(ranges) if r[2]}
     for chunk in chunks:
@@ -64,6 +65,7 @@ def test_tensors_back_to_back_in_the_file_share_one_read():
 
 # --- stream_into: bit for bit, on CPU and on CUDA ----------------------------------------------------
 
+
 def _checkpoint(tmp_path, shards: int) -> tuple[list, dict]:
     g = torch.Generator().manual_seed(0)
     tensors = {
@@ -89,13 +91,18 @@ def _bytes(t):
 
 
 def _cast(dtype):
-    return {torch.float32: torch.bfloat16, torch.bfloat16: torch.float32, torch.float16: torch.float32,
-            torch.float64: torch.float16}.get(dtype, dtype)
+    return {
+        torch.float32: torch.bfloat16,
+        torch.bfloat16: torch.float32,
+        torch.float16: torch.float32,
+        torch.float64: torch.float16,
+    }.get(dtype, dtype)
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("buffer_bytes, ring, readers", [(4096, None, None), (1000, 1, 1), (4096, 2, 3),
-                                                         (1 << 20, None, None)])
+@pytest.mark.parametrize(
+    "buffer_bytes, ring, readers", [(4096, None, None), (1000, 1, 1), (4096, 2, 3), (1 << 20, None, None)]
+)
 @pytest.mark.parametrize("case", ["same", "cast", "rows", "rows+cast"])
 @pytest.mark.parametrize("shards", [1, 3])
 def test_stream_into_fills_every_tensor_bit_for_bit(tmp_path, device, buffer_bytes, ring, readers, case, shards):
@@ -103,8 +110,12 @@ def test_stream_into_fills_every_tensor_bit_for_bit(tmp_path, device, buffer_byt
     jobs, expected = [], {}
     with SafetensorsSource(paths) as source:
         for key, value in want.items():
-            rows = (value.shape[0] // 3, value.shape[0] - 1) if "rows" in case and value.dim() > 1 and value.shape[0] > 2 else None
-            value = value if rows is None else value[rows[0]:rows[1]]
+            rows = (
+                (value.shape[0] // 3, value.shape[0] - 1)
+                if "rows" in case and value.dim() > 1 and value.shape[0] > 2
+                else None
+            )
+            value = value if rows is None else value[rows[0] : rows[1]]
             dtype = _cast(value.dtype) if "cast" in case else value.dtype
             dest = torch.empty(value.shape, dtype=dtype, device=device)
             dest.view(-1).view(torch.uint8).fill_(0xAB)  # bytes the stream misses would keep this
@@ -135,6 +146,7 @@ def test_a_file_that_shrinks_mid_stream_raises_and_releases(tmp_path, device):
 
 
 # --- materialize through the stream on CPU (forced), the path CUDA takes ------------------------------
+
 
 def _count_plans(monkeypatch) -> list[int]:
     """The number of chunks of each streamed load (a wrapper around the plan only: one around
@@ -186,8 +198,9 @@ def test_materialize_streamed_on_cpu_shards_and_casts(zoo_at, tmp_path, streamed
         assert m.state_dict()[k].dtype == want.dtype and torch.equal(m.state_dict()[k], want), k
 
 
-def test_a_failure_midway_leaves_the_module_on_meta_and_frees_what_it_allocated(zoo_at, tmp_path, streamed,
-                                                                                monkeypatch):
+def test_a_failure_midway_leaves_the_module_on_meta_and_frees_what_it_allocated(
+    zoo_at, tmp_path, streamed, monkeypatch
+):
     """The header was valid when opened; the data runs out after many 4 KiB chunks went in. While the
     caller still holds the exception (and so its traceback), no new tensor is alive."""
     import weakref
@@ -298,7 +311,9 @@ def _fsdp_cuda_rank(rank, world, init_file, path, out_dir):
         fully_shard(model, mesh=mesh)
         model.materialize(device="cuda", weights=path)
         local = {n: (p.to_local().device.index, p.to_local().shape[0]) for n, p in model.named_parameters() if p.dim()}
-        state = {k: v.full_tensor().cpu() if hasattr(v, "full_tensor") else v.cpu() for k, v in model.state_dict().items()}
+        state = {
+            k: v.full_tensor().cpu() if hasattr(v, "full_tensor") else v.cpu() for k, v in model.state_dict().items()
+        }
         torch.save({"state": state, "local": local}, f"{out_dir}/rank{rank}.pt")
     finally:
         dist.destroy_process_group()

@@ -7,11 +7,11 @@ import pytest
 import torch
 from torch import nn
 
-from tests.conftest import cli_json
 import zoo
-from zoo.indexing import indexer
+from tests.conftest import cli_json
 from zoo.build import build_meta
 from zoo.columns import ANALYSIS
+from zoo.indexing import indexer
 from zoo.recipe import Recipe
 from zoo.structure import structure_digest
 
@@ -33,14 +33,17 @@ def test_two_builds_of_one_model_share_a_digest_and_an_input_change_splits_them(
     assert structure_digest(first, SPEC) != structure_digest(first, {"shape": [1, 3, 160, 160]})
 
 
-@pytest.mark.parametrize("change", [
-    lambda m: setattr(m, "transform_input", True),  # a flag the forward reads, no tensor changes
-    lambda m: setattr(m.fc, "weight", nn.Parameter(torch.empty(10, 2048, device="meta"))),  # a shape
-    lambda m: setattr(m.fc, "weight", nn.Parameter(torch.empty(1000, 2048, device="meta", dtype=torch.float16))),
-    lambda m: setattr(m.Mixed_5b.branch1x1.conv, "stride", (2, 2)),  # a hyperparameter of a submodule
-    lambda m: setattr(m, "aux", functools.partial(torch.relu)),
-    lambda m: m.fc.register_forward_hook(lambda *a: None),
-])
+@pytest.mark.parametrize(
+    "change",
+    [
+        lambda m: setattr(m, "transform_input", True),  # a flag the forward reads, no tensor changes
+        lambda m: setattr(m.fc, "weight", nn.Parameter(torch.empty(10, 2048, device="meta"))),  # a shape
+        lambda m: setattr(m.fc, "weight", nn.Parameter(torch.empty(1000, 2048, device="meta", dtype=torch.float16))),
+        lambda m: setattr(m.Mixed_5b.branch1x1.conv, "stride", (2, 2)),  # a hyperparameter of a submodule
+        lambda m: setattr(m, "aux", functools.partial(torch.relu)),
+        lambda m: m.fc.register_forward_hook(lambda *a: None),
+    ],
+)
 def test_any_change_the_forward_could_see_changes_the_digest(change):
     base = _meta(Recipe("torchvision", "inception_v3", {"aux_logits": False, "init_weights": False}))
     changed = _meta(Recipe("torchvision", "inception_v3", {"aux_logits": False, "init_weights": False}))
@@ -68,8 +71,12 @@ def test_a_variant_that_builds_its_architecture_reuses_its_analysis_and_records_
     assert all(t["analysis_reused"] for t in variants.timings.values()) and len(variants.timings) == 2
     for name in ("resnet18.a1_in1k", "resnet18.a2_in1k"):
         indexer.index_family(fresh_url, "timm", [name], pretrained=True, force=True)
-    assert not any(t["analysis_reused"] for t in indexer.index_family(
-        fresh_url, "timm", ["resnet18.a1_in1k"], pretrained=True, force=True).timings.values())
+    assert not any(
+        t["analysis_reused"]
+        for t in indexer.index_family(
+            fresh_url, "timm", ["resnet18.a1_in1k"], pretrained=True, force=True
+        ).timings.values()
+    )
     reused, fresh = zoo.connect(reused_url), zoo.connect(fresh_url)
     for name in ("timm/resnet18.a1_in1k", "timm/resnet18.a2_in1k"):
         assert _analysis(reused, name) == _analysis(fresh, name)
@@ -84,7 +91,9 @@ def test_torchvision_weights_that_set_a_flag_get_their_own_analysis(tmp_path):
     outcome = indexer.index_family(url, "torchvision", ["inception_v3.IMAGENET1K_V1"], pretrained=True)
     assert not outcome.timings["torchvision/inception_v3.IMAGENET1K_V1"]["analysis_reused"]
     registry = zoo.connect(url)
-    arch, variant = (_analysis(registry, n) for n in ("torchvision/inception_v3", "torchvision/inception_v3.IMAGENET1K_V1"))
+    arch, variant = (
+        _analysis(registry, n) for n in ("torchvision/inception_v3", "torchvision/inception_v3.IMAGENET1K_V1")
+    )
     assert arch["peak_activation_bytes"] != variant["peak_activation_bytes"]  # the re-normalization's tensors
 
 
@@ -110,8 +119,13 @@ def test_index_installed_records_what_the_four_family_runs_record(tmp_path):
         indexer.index_family(four_runs, fam, patterns, pretrained=True)
     rows = _rows(one_run)
     assert rows == _rows(four_runs)
-    assert {"timm/resnet18", "timm/resnet18.a1_in1k", "torchvision/resnet18", "torchvision/resnet18.IMAGENET1K_V1",
-            "timm/vit_tiny_patch16_224.augreg_in21k"} <= set(rows) and summary["indexed"] == len(rows)
+    assert {
+        "timm/resnet18",
+        "timm/resnet18.a1_in1k",
+        "torchvision/resnet18",
+        "torchvision/resnet18.IMAGENET1K_V1",
+        "timm/vit_tiny_patch16_224.augreg_in21k",
+    } <= set(rows) and summary["indexed"] == len(rows)
     assert summary["timings"]["timm/resnet18.a1_in1k"]["analysis_reused"]
     assert not summary["timings"]["timm/resnet18"]["analysis_reused"]
     # the variants timm constructs as their architecture take its build (zoo.construction); a 21k-class head does not

@@ -42,44 +42,44 @@ REGISTRY = zoo.connect(str(ROOT / "registry.db"))
 # One per timm module family, the smallest variant: (name, create_model kwargs used on both sides).
 ARCHS = [
     # convolutional, BatchNorm
-    ("test_resnet", {}),                       # resnet
-    ("resnetv2_18", {}),                       # resnetv2 (pre-activation)
-    ("test_efficientnet", {}),                 # efficientnet
-    ("mobilenetv3_small_050", {}),             # mobilenetv3
-    ("mobilenetv4_conv_small_035", {}),        # mobilenetv4 (MobileNetV3 class, UIR blocks)
-    ("regnetx_002", {}),                       # regnet
-    ("densenet121", {}),                       # densenet
-    ("dla46x_c", {}),                          # dla
-    ("ghostnet_050", {}),                      # ghostnet
-    ("rexnet_100", {}),                        # rexnet
-    ("hrnet_w18_small", {}),                   # hrnet
-    ("tresnet_m", {}),                         # tresnet (in-place activated BN)
-    ("test_byobnet", {}),                      # byobnet
-    ("fastvit_t8", {}),                        # fastvit (reparameterizable)
-    ("convmixer_1024_20_ks9_p14", {}),         # convmixer
+    ("test_resnet", {}),  # resnet
+    ("resnetv2_18", {}),  # resnetv2 (pre-activation)
+    ("test_efficientnet", {}),  # efficientnet
+    ("mobilenetv3_small_050", {}),  # mobilenetv3
+    ("mobilenetv4_conv_small_035", {}),  # mobilenetv4 (MobileNetV3 class, UIR blocks)
+    ("regnetx_002", {}),  # regnet
+    ("densenet121", {}),  # densenet
+    ("dla46x_c", {}),  # dla
+    ("ghostnet_050", {}),  # ghostnet
+    ("rexnet_100", {}),  # rexnet
+    ("hrnet_w18_small", {}),  # hrnet
+    ("tresnet_m", {}),  # tresnet (in-place activated BN)
+    ("test_byobnet", {}),  # byobnet
+    ("fastvit_t8", {}),  # fastvit (reparameterizable)
+    ("convmixer_1024_20_ks9_p14", {}),  # convmixer
     # convolutional, LayerNorm / norm-free
-    ("test_convnext", {}),                     # convnext
-    ("convnextv2_atto", {}),                   # convnextv2 (GRN)
-    ("test_nfnet", {}),                        # nfnet (weight-standardized, norm-free)
-    ("test_mambaout", {}),                     # mambaout
-    ("poolformerv2_s12", {}),                  # metaformer
-    ("edgenext_xx_small", {}),                 # edgenext
+    ("test_convnext", {}),  # convnext
+    ("convnextv2_atto", {}),  # convnextv2 (GRN)
+    ("test_nfnet", {}),  # nfnet (weight-standardized, norm-free)
+    ("test_mambaout", {}),  # mambaout
+    ("poolformerv2_s12", {}),  # metaformer
+    ("edgenext_xx_small", {}),  # edgenext
     # transformers and MLPs
-    ("test_vit", {}),                          # vision_transformer
-    ("test_vit_relpos", {}),                   # vision_transformer_relpos
-    ("deit_tiny_distilled_patch16_224", {}),   # deit (distilled: two heads)
-    ("beit_base_patch16_224", {"depth": 3}),   # beit: ViT-B is the smallest, depth=3 keeps it quick
-    ("eva02_tiny_patch14_224", {}),            # eva (RoPE: non-persistent buffers)
-    ("swin_tiny_patch4_window7_224", {}),      # swin_transformer
-    ("swinv2_cr_tiny_224", {}),                # swin_transformer_v2_cr
-    ("test_maxvit", {}),                       # maxxvit: maxvit
-    ("test_coatnet", {}),                      # maxxvit: coatnet
-    ("levit_128s", {}),                        # levit (distilled)
-    ("cait_xxs24_224", {}),                    # cait
-    ("xcit_nano_12_p16_224", {}),              # xcit
-    ("pvt_v2_b0", {}),                         # pvt_v2
-    ("efficientformer_l1", {}),                # efficientformer
-    ("gmlp_ti16_224", {}),                     # mlp_mixer
+    ("test_vit", {}),  # vision_transformer
+    ("test_vit_relpos", {}),  # vision_transformer_relpos
+    ("deit_tiny_distilled_patch16_224", {}),  # deit (distilled: two heads)
+    ("beit_base_patch16_224", {"depth": 3}),  # beit: ViT-B is the smallest, depth=3 keeps it quick
+    ("eva02_tiny_patch14_224", {}),  # eva (RoPE: non-persistent buffers)
+    ("swin_tiny_patch4_window7_224", {}),  # swin_transformer
+    ("swinv2_cr_tiny_224", {}),  # swin_transformer_v2_cr
+    ("test_maxvit", {}),  # maxxvit: maxvit
+    ("test_coatnet", {}),  # maxxvit: coatnet
+    ("levit_128s", {}),  # levit (distilled)
+    ("cait_xxs24_224", {}),  # cait
+    ("xcit_nano_12_p16_224", {}),  # xcit
+    ("pvt_v2_b0", {}),  # pvt_v2
+    ("efficientformer_l1", {}),  # efficientformer
+    ("gmlp_ti16_224", {}),  # mlp_mixer
 ]
 
 SEED = 0  # the eager build
@@ -91,6 +91,7 @@ CONV_HEAD_AFTER_POOL = ("MobileNetV3", "GhostNet", "RepGhostNet", "VGG")
 
 
 # --- both sides ---------------------------------------------------------------------------------------
+
 
 class Side:
     """One architecture: timm's eager builds (one per kwargs, under SEED), each saved once, and fresh
@@ -173,12 +174,26 @@ def reduced(cfg) -> tuple:
 
 # make test (CI) runs the checks on all of ARCHS (552 checks in under 5 min on 2 cores); make test-fast only on
 # this sample of module families.
-CI_SAMPLE = {"test_resnet", "test_efficientnet", "mobilenetv3_small_050", "test_byobnet", "test_convnext",
-             "test_nfnet", "test_vit", "eva02_tiny_patch14_224", "test_maxvit", "levit_128s"}
+CI_SAMPLE = {
+    "test_resnet",
+    "test_efficientnet",
+    "mobilenetv3_small_050",
+    "test_byobnet",
+    "test_convnext",
+    "test_nfnet",
+    "test_vit",
+    "eva02_tiny_patch14_224",
+    "test_maxvit",
+    "levit_128s",
+}
 
 
-@pytest.fixture(scope="module", params=[
-    pytest.param(arch, id=arch[0], marks=() if arch[0] in CI_SAMPLE else pytest.mark.timm_checks) for arch in ARCHS])
+@pytest.fixture(
+    scope="module",
+    params=[
+        pytest.param(arch, id=arch[0], marks=() if arch[0] in CI_SAMPLE else pytest.mark.timm_checks) for arch in ARCHS
+    ],
+)
 def arch(request, tmp_path_factory) -> Side:
     """Module-scoped and parametrized: pytest runs every check of one architecture before the next,
     so each eager build is made (and saved) once and dropped after."""
@@ -206,8 +221,9 @@ def assert_same(got, want, what: str = "output"):
     """Equal structure, and every tensor equal bit for bit (same dtype and shape)."""
     if isinstance(want, torch.Tensor):
         assert isinstance(got, torch.Tensor), f"{what}: {type(got).__name__}, timm gives a tensor"
-        assert got.dtype == want.dtype and got.shape == want.shape, \
+        assert got.dtype == want.dtype and got.shape == want.shape, (
             f"{what}: {got.dtype}{list(got.shape)}, timm gives {want.dtype}{list(want.shape)}"
+        )
         if not torch.equal(got, want):
             diff = (got.double() - want.double()).abs().max().item() if got.is_floating_point() else "?"
             raise AssertionError(f"{what} differs from timm's (max abs difference {diff})")
@@ -248,6 +264,7 @@ def unpooled_size(arch: Side):
 
 # --- forward, default cfg ------------------------------------------------------------------------------
 
+
 def test_forward(arch):
     eager, ours = arch.pair()
     x = arch.input()
@@ -276,9 +293,13 @@ def test_default_cfg(arch):
                 assert f"{c}.weight" in keys, f"classifier {c} not in the state dict"
         for c in as_tuple(cfg["first_conv"]):
             assert f"{c}.weight" in keys, f"first conv {c} not in the state dict"
-        return dict(cfg=dict(model.pretrained_cfg), default_cfg=dict(model.default_cfg), keys=list(keys),
-                    feature_info=copy.deepcopy(getattr(model, "feature_info", None)),
-                    sizes=[getattr(model, a, None) for a in ("num_classes", "num_features", "head_hidden_size")])
+        return dict(
+            cfg=dict(model.pretrained_cfg),
+            default_cfg=dict(model.default_cfg),
+            keys=list(keys),
+            feature_info=copy.deepcopy(getattr(model, "feature_info", None)),
+            sizes=[getattr(model, a, None) for a in ("num_classes", "num_features", "head_hidden_size")],
+        )
 
     got, want = both(arch, "the default cfg's names", cfg_names, eager, ours)
     assert_same(got, want, "cfg")
@@ -308,8 +329,11 @@ def test_backward(arch):
         else:
             assert out.shape[-1] == 42
         no_nan(out)
-        return dict(out=out.detach(), grads={n: p.grad for n, p in model.named_parameters()},
-                    buffers=dict(model.named_buffers()))
+        return dict(
+            out=out.detach(),
+            grads={n: p.grad for n, p in model.named_parameters()},
+            buffers=dict(model.named_buffers()),
+        )
 
     got, want = both(arch, "backward in train mode", backward, eager, ours)
     assert_same(got, want, "train step")
@@ -359,8 +383,9 @@ def test_forward_head(arch):
             logits, pre = model.forward_head(feats), model.forward_head(feats, pre_logits=True)
             full = model(x.clone())
         assert torch.allclose(logits, full), "forward_head(forward_features(x)) != forward(x)"
-        assert pre.ndim == 2 and pre.shape == (BATCH, model.head_hidden_size), \
+        assert pre.ndim == 2 and pre.shape == (BATCH, model.head_hidden_size), (
             f"pre_logits {list(pre.shape)}, head_hidden_size {model.head_hidden_size}"
+        )
         return dict(logits=logits, pre_logits=pre)
 
     got, want = both(arch, "forward_head", forward_head, eager, ours)
@@ -379,8 +404,9 @@ def test_reset_classifier(arch):
         with torch.no_grad():
             pooled = model(x.clone())
         pooled = pooled[0] if isinstance(pooled, (tuple, list)) else pooled
-        assert pooled.ndim == 2 and pooled.shape[1] == model.head_hidden_size, \
+        assert pooled.ndim == 2 and pooled.shape[1] == model.head_hidden_size, (
             f"pooled {list(pooled.shape)}, head_hidden_size {model.head_hidden_size}"
+        )
         torch.manual_seed(3)
         model.reset_classifier(7)
         with torch.no_grad():
@@ -422,8 +448,11 @@ def unpooled_claims(arch: Side, model, out):
         assert tuple(out.shape[d] for d in spatial) == pool, f"unpooled {list(out.shape)}, cfg pool {pool}"
 
 
-@pytest.mark.parametrize("kwargs", [{"num_classes": 0}, {"num_classes": 0, "global_pool": ""}],
-                         ids=["num_classes=0", "num_classes=0,global_pool=''"])
+@pytest.mark.parametrize(
+    "kwargs",
+    [{"num_classes": 0}, {"num_classes": 0, "global_pool": ""}],
+    ids=["num_classes=0", "num_classes=0,global_pool=''"],
+)
 def test_headless(arch, kwargs):
     """Built without a classifier (and without the global pool): zoo.get(name, **kwargs) as create_model."""
     eager, ours = arch.pair(**kwargs)
@@ -446,6 +475,7 @@ def test_headless(arch, kwargs):
 
 
 # --- feature extraction --------------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("feature_cls", [None, "getter", "fx"], ids=["default", "getter", "fx"])
 def test_features_only(arch, feature_cls):
@@ -512,6 +542,7 @@ def test_forward_intermediates(arch):
 
 # --- torch.fx --------------------------------------------------------------------------------------------
 
+
 def fx_extractor(model):
     """The whole model as an fx GraphModule, traced with timm's leaf modules and autowrapped functions
     (what timm.models._features_fx uses), returning its last node in train and in eval mode."""
@@ -520,8 +551,9 @@ def fx_extractor(model):
 
     tracer = dict(leaf_modules=get_notrace_modules(), autowrap_functions=get_notrace_functions())
     train_nodes, eval_nodes = get_graph_node_names(model, tracer_kwargs=tracer)
-    graph = create_feature_extractor(model, train_return_nodes=[train_nodes[-1]],
-                                     eval_return_nodes=[eval_nodes[-1]], tracer_kwargs=tracer)
+    graph = create_feature_extractor(
+        model, train_return_nodes=[train_nodes[-1]], eval_return_nodes=[eval_nodes[-1]], tracer_kwargs=tracer
+    )
     return graph, dict(train=train_nodes, eval=eval_nodes)
 
 
@@ -582,9 +614,13 @@ CHECKS = {  # name: (the test, run on an architecture; the create_model kwargs o
     "reset_classifier": (test_reset_classifier, {}),
     "unpooled": (test_reset_classifier_unpooled, {}),
     "headless": (lambda arch: test_headless(arch, {"num_classes": 0}), {"num_classes": 0}),
-    **{f"features_only[{cls}]": (lambda arch, cls=cls: test_features_only(arch, cls),
-                                 {"features_only": True} | ({"feature_cls": cls} if cls else {}))
-       for cls in (None, "getter", "fx")},
+    **{
+        f"features_only[{cls}]": (
+            lambda arch, cls=cls: test_features_only(arch, cls),
+            {"features_only": True} | ({"feature_cls": cls} if cls else {}),
+        )
+        for cls in (None, "getter", "fx")
+    },
     "forward_intermediates": (test_forward_intermediates, {}),
     "fx_forward": (test_fx_forward, {}),
     "fx_backward": (test_fx_backward, {"num_classes": 42}),
@@ -616,7 +652,7 @@ def one_storage(model):
     views, at = {}, 0
     for k, v in state.items():
         n = v.numel() * v.element_size()
-        views[k] = buf[at:at + n].view(v.dtype).view(v.shape).copy_(v)
+        views[k] = buf[at : at + n].view(v.dtype).view(v.shape).copy_(v)
         at = (at + n + 63) // 64 * 64
     model.load_state_dict(views, assign=True)
 

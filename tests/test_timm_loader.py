@@ -7,8 +7,8 @@ import pytest
 
 timm = pytest.importorskip("timm")
 
-from tests.test_pretrained_load import assert_bitwise, caches, hub_file, safetensors_bytes, seeded_state  # noqa: E402,F401
-from zoo.families import timm_loader  # noqa: E402
+from tests.test_pretrained_load import assert_bitwise, caches, hub_file, safetensors_bytes, seeded_state  # noqa: E402,F401 - after importorskip; caches is a pytest fixture, used as an argument
+from zoo.families import timm_loader  # noqa: E402 - after importorskip
 
 TAG = "vit_tiny_patch16_224.augreg_in21k_ft_in1k"
 
@@ -60,8 +60,10 @@ def test_kwargs_are_part_of_what_is_remembered(cache):
     assert len(list((cache / "timm-loader").glob("*.json"))) == 2
 
 
-@pytest.mark.parametrize("filter_fn", ["os:system", "builtins:eval", "timm.models.vision_transformer:_ANY.x",
-                                       "timm.models.vision_transformer:os"])
+@pytest.mark.parametrize(
+    "filter_fn",
+    ["os:system", "builtins:eval", "timm.models.vision_transformer:_ANY.x", "timm.models.vision_transformer:os"],
+)
 def test_a_record_naming_anything_but_a_timm_function_is_not_replayed(cache, monkeypatch, filter_fn):
     timm_loader.timm_load_arguments(TAG, {})
     record = next((cache / "timm-loader").glob("*.json"))
@@ -87,6 +89,7 @@ def test_a_record_for_another_key_or_corrupt_is_a_miss(cache, monkeypatch):
 
 # --- recorded at index time --------------------------------------------------------------------------
 
+
 @pytest.fixture
 def indexed(fresh_url, cache):
     """TAG and its architecture indexed as `zoo index timm` does, into a fresh registry."""
@@ -98,8 +101,9 @@ def indexed(fresh_url, cache):
 
 
 def test_the_index_records_what_timm_passes_to_load_pretrained(indexed):
-    import zoo
     from timm.models.vision_transformer import checkpoint_filter_fn
+
+    import zoo
 
     caught = timm_loader._catch(TAG, {})  # timm's own call, caught from a build
     for builder in (TAG, TAG.split(".")[0]):  # the tag, and the architecture whose default it is
@@ -107,7 +111,10 @@ def test_the_index_records_what_timm_passes_to_load_pretrained(indexed):
         assert recorded["timm"] == timm.__version__
         assert recorded["filter_fn"] == "timm.models.vision_transformer:checkpoint_filter_fn"
         replayed = timm_loader._replayed(recorded, builder, {}, zoo.connect(indexed).get(f"timm/{builder}"))
-        assert replayed == {**caught, "cfg": {k: tuple(v) if isinstance(v, list) else v for k, v in caught["cfg"].items()}}
+        assert replayed == {
+            **caught,
+            "cfg": {k: tuple(v) if isinstance(v, list) else v for k, v in caught["cfg"].items()},
+        }
         assert replayed["filter_fn"] is checkpoint_filter_fn
 
 
@@ -124,7 +131,7 @@ def _pretrained_file(hub_cache):
     hub_file(hub_cache, f"timm/{TAG}", "model.safetensors", safetensors_bytes(seeded_state("vit_tiny_patch16_224", 7)))
 
 
-def test_a_pretrained_load_of_an_indexed_tag_builds_once(indexed, caches, monkeypatch):
+def test_a_pretrained_load_of_an_indexed_tag_builds_once(indexed, caches, monkeypatch):  # noqa: F811 - the caches fixture imported from test_pretrained_load
     """The row's load_args are replayed: no build to catch them, no record under $ZOO_CACHE, and the model is
     what timm.create_model(TAG, pretrained=True) builds from the same file."""
     import zoo
@@ -143,7 +150,7 @@ def _catches(monkeypatch) -> list:
     return caught
 
 
-def test_other_kwargs_or_another_timm_catch_again(indexed, caches, monkeypatch):
+def test_other_kwargs_or_another_timm_catch_again(indexed, caches, monkeypatch):  # noqa: F811 - the caches fixture imported from test_pretrained_load
     """The record is for the row's own build by the timm that made it: a build with other kwargs, or a record
     by another timm version, is caught from a build (and loads as timm does)."""
     import zoo
@@ -161,7 +168,7 @@ def test_other_kwargs_or_another_timm_catch_again(indexed, caches, monkeypatch):
     assert_bitwise(ours, timm.create_model(TAG, pretrained=True))
 
 
-def test_a_filter_timm_builds_as_a_partial_is_recorded_and_replayed(fresh_url, cache, caches, monkeypatch):
+def test_a_filter_timm_builds_as_a_partial_is_recorded_and_replayed(fresh_url, cache, caches, monkeypatch):  # noqa: F811 - the caches fixture imported from test_pretrained_load
     """DeiT's builder passes functools.partial(checkpoint_filter_fn, ...) to load_pretrained: the record keeps
     the function's name and the partial's keywords, and a load replays both without a build."""
     import functools
@@ -180,13 +187,17 @@ def test_a_filter_timm_builds_as_a_partial_is_recorded_and_replayed(fresh_url, c
     assert (replayed.func, replayed.keywords) == (caught.func, caught.keywords)
     hub_file(caches[0], f"timm/{tag}", "model.safetensors", safetensors_bytes(seeded_state("deit_tiny_patch16_224", 8)))
     monkeypatch.setattr(timm_loader, "_catch", _no_build)
-    assert_bitwise(zoo.connect(fresh_url).get(f"timm/{tag}", weights="pretrained"), timm.create_model(tag, pretrained=True))
+    assert_bitwise(
+        zoo.connect(fresh_url).get(f"timm/{tag}", weights="pretrained"), timm.create_model(tag, pretrained=True)
+    )
 
 
 def _in21k_cfg(record):
     """The cfg of another tag that timm registers for the same architecture (other weights, another head)."""
-    return {**record, "cfg": json.loads(json.dumps(timm.models.get_pretrained_cfg(
-        "vit_tiny_patch16_224.augreg_in21k").to_dict()))}
+    return {
+        **record,
+        "cfg": json.loads(json.dumps(timm.models.get_pretrained_cfg("vit_tiny_patch16_224.augreg_in21k").to_dict())),
+    }
 
 
 TAMPERED = {  # a registry row's load_args, changed: each is refused, and the load is caught from a build
@@ -197,8 +208,11 @@ TAMPERED = {  # a registry row's load_args, changed: each is refused, and the lo
     "another class count": lambda r: {**r, "num_classes": 10},
     "a string for the class count": lambda r: {**r, "num_classes": "1000"},
     "a looser load": lambda r: {**r, "strict": False},
-    "timm code that is no filter": lambda r: {**r, "filter_fn": "timm.utils.summary:update_summary",
-                                               "filter_kwargs": {"filename": "/tmp/zoo-never-written"}},
+    "timm code that is no filter": lambda r: {
+        **r,
+        "filter_fn": "timm.utils.summary:update_summary",
+        "filter_kwargs": {"filename": "/tmp/zoo-never-written"},
+    },
     "another model's filter": lambda r: {**r, "filter_fn": "timm.models.resnet:_create_resnet"},
     "a keyword the filter does not take": lambda r: {**r, "filter_kwargs": {"not_an_argument": 1}},
     "a keyword that is the filter's own first argument": lambda r: {**r, "filter_kwargs": {"state_dict": {}}},
@@ -208,7 +222,7 @@ TAMPERED = {  # a registry row's load_args, changed: each is refused, and the lo
 
 
 @pytest.mark.parametrize("tamper", list(TAMPERED))
-def test_a_row_naming_other_weights_or_malformed_is_not_replayed(indexed, caches, monkeypatch, tamper):
+def test_a_row_naming_other_weights_or_malformed_is_not_replayed(indexed, caches, monkeypatch, tamper):  # noqa: F811 - the caches fixture imported from test_pretrained_load
     """A registry row is data: load_args that name weights timm does not register for the builder, numbers timm
     would not pass, code that is no filter of the model's, or a malformed record are caught again from a build,
     and the load is timm's own."""
@@ -217,8 +231,10 @@ def test_a_row_naming_other_weights_or_malformed_is_not_replayed(indexed, caches
 
     info = zoo.connect(indexed).info(f"timm/{TAG}")
     with db.open_registry(indexed, write=True).begin() as con:
-        con.exec_driver_sql("UPDATE models SET load_args = ? WHERE name = ?",
-                            (json.dumps(TAMPERED[tamper](dict(info.load_args))), info.name))
+        con.exec_driver_sql(
+            "UPDATE models SET load_args = ? WHERE name = ?",
+            (json.dumps(TAMPERED[tamper](dict(info.load_args))), info.name),
+        )
     zoo.cache_clear()
     _pretrained_file(caches[0])
     caught = _catches(monkeypatch)

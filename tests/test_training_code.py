@@ -29,8 +29,12 @@ def loaded(zoo_at, tmp_path, name=R18):
 
 def on_meta(module) -> list[str]:
     """Names of tensors still on meta, read without listing parameters() (on a lazy module that loads)."""
-    return [f"{prefix}.{key}" for prefix, mod in module.named_modules()
-            for key, t in [*mod._parameters.items(), *mod._buffers.items()] if t is not None and t.is_meta]
+    return [
+        f"{prefix}.{key}"
+        for prefix, mod in module.named_modules()
+        for key, t in [*mod._parameters.items(), *mod._buffers.items()]
+        if t is not None and t.is_meta
+    ]
 
 
 def test_a_batchnorm_model_trains_after_materialize_as_the_eager_one(zoo_at, tmp_path):
@@ -133,6 +137,7 @@ def test_a_save_pretrained_style_directory_loads_without_a_trailing_slash(zoo_at
 
 
 # --- lazy ----------------------------------------------------------------------------------------
+
 
 def lazy(zoo_at, tmp_path, name=R18):
     eager = eager_model(name)

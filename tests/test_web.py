@@ -3,8 +3,8 @@ answers, nothing written to the registry by any request, `zoo serve` on 127.0.0.
 files. The pages in a real browser are tests/test_web_browser.py."""
 
 import hashlib
-import os
 import json
+import os
 import socket
 import sqlite3
 import subprocess
@@ -23,14 +23,21 @@ from zoo import render
 from zoo.api import Zoo
 from zoo.cli import parser
 from zoo.errors import InvalidArgument, ModelNotFound, SearchSyntaxError
-from zoo.throughput.measured import MEASURED
 from zoo.query import parse
+from zoo.throughput.measured import MEASURED
 from zoo.web import views
 from zoo.web.app import create_app
 from zoo.web.export import file_name
 
-QUERIES = [None, "family=timm", "params<1e7", "not task=image-classification", "name~'resnet*'",
-           "flops>1G and (family=torchvision or name~'*vit*')", "bytes>=20MiB"]
+QUERIES = [
+    None,
+    "family=timm",
+    "params<1e7",
+    "not task=image-classification",
+    "name~'resnet*'",
+    "flops>1G and (family=torchvision or name~'*vit*')",
+    "bytes>=20MiB",
+]
 SORTS = [None, "-params", "flops", "name", "-bytes", "task"]
 
 
@@ -63,17 +70,23 @@ def test_api_search_answers_what_zoo_search_answers(site, small_registry, q):
         found = Zoo(small_registry).search(q, order_by=sort, limit=None)
         assert [p["name"] for p in body["points"]] == [i.name for i in found]
         # each point says the size its numbers are at
-        assert [p["input_size"] for p in body["points"]] == [list(i.input_size) if i.input_size else None for i in found]
-        assert [r["name"] for r in body["rows"]] == [i.name for i in found][:views.PER_PAGE]
+        assert [p["input_size"] for p in body["points"]] == [
+            list(i.input_size) if i.input_size else None for i in found
+        ]
+        assert [r["name"] for r in body["rows"]] == [i.name for i in found][: views.PER_PAGE]
         assert body["total"] == len(found) and body["more"] is False
         assert dict(body["facets"]["family"]) == Counter(i.family for i in found)
         assert dict(body["facets"]["task"]) == Counter(i.task for i in found if i.task)
         assert all(r == {c: getattr(i, c) for c in body["columns"]} for r, i in zip(body["rows"], found))
 
 
-@pytest.mark.parametrize("q, sort, named", [
-    ("infer_4090_amp>0 or params>0", "-PRED_INFER_4090_AMP", ["infer_4090_amp", "pred_infer_4090_amp"]),
-    ("bench_cpu>1 or family=timm", "-train_3090_amp", ["train_3090_amp", "bench_cpu"])])
+@pytest.mark.parametrize(
+    "q, sort, named",
+    [
+        ("infer_4090_amp>0 or params>0", "-PRED_INFER_4090_AMP", ["infer_4090_amp", "pred_infer_4090_amp"]),
+        ("bench_cpu>1 or family=timm", "-train_3090_amp", ["train_3090_amp", "bench_cpu"]),
+    ],
+)
 def test_a_search_shows_the_numbers_it_names_as_columns(site, small_registry, q, sort, named):
     """As `zoo search` does: a published metric, a prediction or a measured field that the search or its sort
     names is a column after the default ones, each row holding the model's own number (a measured one: its best
@@ -83,10 +96,12 @@ def test_a_search_shows_the_numbers_it_names_as_columns(site, small_registry, q,
     status, body = get_json(site, "/api/search", q=q, sort=sort)
     assert status == 200 and body["columns"] == [*views.TABLE_COLUMNS, *named]
     found = Zoo(small_registry).search(q, order_by=sort, limit=None)
-    assert [r["name"] for r in body["rows"]] == [i.name for i in found][:views.PER_PAGE]
+    assert [r["name"] for r in body["rows"]] == [i.name for i in found][: views.PER_PAGE]
     for r, i in zip(body["rows"], found):
-        assert r == {c: predicted(i, c) if c.startswith("pred_") else None if c in MEASURED else getattr(i, c)
-                     for c in body["columns"]}
+        assert r == {
+            c: predicted(i, c) if c.startswith("pred_") else None if c in MEASURED else getattr(i, c)
+            for c in body["columns"]
+        }
     assert all(any(r[c] is not None for r in body["rows"]) for c in named if c not in MEASURED)  # numbers, not Nones
 
 
@@ -106,7 +121,8 @@ def test_zoo_search_with_fields_gives_those_fields_of_the_same_models(small_regi
     fields = ("name", "task", "flops", "kwargs", "input_size", "indexed_at")
     for sort in SORTS:
         assert zoo.search(q, order_by=sort, limit=5, fields=fields) == [
-            {f: getattr(i, f) for f in fields} for i in zoo.search(q, order_by=sort, limit=5)]
+            {f: getattr(i, f) for f in fields} for i in zoo.search(q, order_by=sort, limit=5)
+        ]
     for private in ("short", "source_hash", "nope"):
         with pytest.raises(InvalidArgument, match=private):
             zoo.search(q, fields=("name", private))
@@ -121,16 +137,32 @@ def test_a_search_past_the_cap_is_counted_and_plotted_up_to_it(small_registry, m
     assert sum(n for _, n in body["facets"]["family"]) == 3
 
 
-@pytest.mark.parametrize("params", [{"per_page": views.MAX_PER_PAGE + 1}, {"per_page": 0}, {"page": 0},
-                                    {"page": "two"}, {"per_page": "-5"}, {"x": "license"}, {"y": "bench_cpu"}])
+@pytest.mark.parametrize(
+    "params",
+    [
+        {"per_page": views.MAX_PER_PAGE + 1},
+        {"per_page": 0},
+        {"page": 0},
+        {"page": "two"},
+        {"per_page": "-5"},
+        {"x": "license"},
+        {"y": "bench_cpu"},
+    ],
+)
 def test_paging_out_of_bounds_is_a_400(site, params):
     status, body = get_json(site, "/api/search", **params)
     assert status == 400 and body["error"] == "InvalidArgument" and next(iter(params)) in body["message"]
 
 
-@pytest.mark.parametrize("path, key", [("/api/search", "page"), ("/api/search", "per_page"),
-                                       ("/api/models/timm/resnet18", "tensor_page"),
-                                       ("/api/estimate/timm/resnet18", "batch")])
+@pytest.mark.parametrize(
+    "path, key",
+    [
+        ("/api/search", "page"),
+        ("/api/search", "per_page"),
+        ("/api/models/timm/resnet18", "tensor_page"),
+        ("/api/estimate/timm/resnet18", "batch"),
+    ],
+)
 @pytest.mark.parametrize("value", ["\u00b2", "1" * 5000, "\u0663"])  # a superscript two, 5,000 digits, an Arabic three
 def test_a_number_that_is_not_plain_ascii_digits_is_a_400(site, path, key, value):
     # str.isdigit() says yes to all three; int() refuses the first two (a 500 once) and reads the third
@@ -148,8 +180,17 @@ def test_the_plot_points_carry_the_axes_the_url_names_and_their_predictions(site
     found = {i.name: i for i in Zoo(small_registry).search(None, limit=None)}
     for p in body["points"]:
         i = found[p["name"]]
-        assert set(p) == {"name", "family", "input_size", "flops", "params", "top1", "infer_4090_amp",
-                          "pred_infer_4090_amp", "test_top1"}
+        assert set(p) == {
+            "name",
+            "family",
+            "input_size",
+            "flops",
+            "params",
+            "top1",
+            "infer_4090_amp",
+            "pred_infer_4090_amp",
+            "test_top1",
+        }
         assert (p["infer_4090_amp"], p["test_top1"]) == (i.infer_4090_amp, i.test_top1)
         assert p["pred_infer_4090_amp"] == predicted(i, "pred_infer_4090_amp")
     assert {a["name"] for a in body["axes"]} >= {"top1", "flops", "infer_4090_amp", "pred_infer_4090_amp"}
@@ -164,8 +205,18 @@ def test_a_zero_padded_number_is_read_as_its_value(site, value, page):
     assert get_json(site, "/api/search", page="0000")[0] == 400
 
 
-@pytest.mark.parametrize("q", ["params<<1", "params < 7B and", "task=image-classification and (flops>1G",
-                               "paramz<1", "name~3 and params~*x*", "flops < lots", ""])
+@pytest.mark.parametrize(
+    "q",
+    [
+        "params<<1",
+        "params < 7B and",
+        "task=image-classification and (flops>1G",
+        "paramz<1",
+        "name~3 and params~*x*",
+        "flops < lots",
+        "",
+    ],
+)
 def test_a_syntax_error_is_a_400_with_the_column(site, q):
     if not q:  # an empty search is every model, not an error
         assert get_json(site, "/api/search", q=q)[0] == 200
@@ -221,15 +272,30 @@ def test_api_scan_is_zoo_scan(site, small_registry):
 
 
 def test_api_estimate_is_zoo_estimate(site, small_registry):
-    status, body = get_json(site, "/api/estimate/timm/resnet18", batch=4, dtype="fp16", training="true",
-                            optimizer="sgd")
+    status, body = get_json(
+        site, "/api/estimate/timm/resnet18", batch=4, dtype="fp16", training="true", optimizer="sgd"
+    )
     assert status == 200
-    assert body == Zoo(small_registry).estimate("timm/resnet18", batch=4, dtype="fp16", training=True,
-                                                optimizer="sgd").as_dict()
+    assert (
+        body
+        == Zoo(small_registry)
+        .estimate("timm/resnet18", batch=4, dtype="fp16", training=True, optimizer="sgd")
+        .as_dict()
+    )
 
 
-@pytest.mark.parametrize("params", [{"batch": 0}, {"batch": "x"}, {"batch": views.MAX_BATCH + 1}, {"dtype": "fp8"},
-                                    {"training": "maybe"}, {"seq_len": "-1"}, {"training": "1", "optimizer": "lion"}])
+@pytest.mark.parametrize(
+    "params",
+    [
+        {"batch": 0},
+        {"batch": "x"},
+        {"batch": views.MAX_BATCH + 1},
+        {"dtype": "fp8"},
+        {"training": "maybe"},
+        {"seq_len": "-1"},
+        {"training": "1", "optimizer": "lion"},
+    ],
+)
 def test_bad_estimate_parameters_are_a_400(site, params):
     status, body = get_json(site, "/api/estimate/timm/resnet18", **params)
     assert status == 400 and body["error"] in ("InvalidArgument", "AnalysisError"), body
@@ -273,10 +339,22 @@ def test_no_request_writes_to_the_registry(small_registry, tmp_path):
     registry = tmp_path / "registry" / "copy.db"
     _journal_copy(small_registry, registry)
     before = _hash_folder(registry.parent)
-    paths = ["/", "/?q=family%3Dtimm&sort=-params", "/?q=params<<", "/model/timm/resnet18", "/model/nope",
-             "/api/search?q=params>1", "/api/search?q=bad~~", "/api/models/timm/resnet18",
-             "/api/models/timm/resnet18?tensor_page=2", "/api/scan/timm/resnet18", "/api/estimate/timm/resnet18?batch=2",
-             "/api/estimate/nope", "/static/zoo.css", "/nowhere"]
+    paths = [
+        "/",
+        "/?q=family%3Dtimm&sort=-params",
+        "/?q=params<<",
+        "/model/timm/resnet18",
+        "/model/nope",
+        "/api/search?q=params>1",
+        "/api/search?q=bad~~",
+        "/api/models/timm/resnet18",
+        "/api/models/timm/resnet18?tensor_page=2",
+        "/api/scan/timm/resnet18",
+        "/api/estimate/timm/resnet18?batch=2",
+        "/api/estimate/nope",
+        "/static/zoo.css",
+        "/nowhere",
+    ]
     with serving_app(create_app(str(registry))) as base:
         for path in paths:
             assert get(base, path)[0] in (200, 400, 404), path
@@ -312,9 +390,14 @@ def test_zoo_serve_binds_127_0_0_1_by_default_and_serves(small_registry):
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     env_path = small_registry.removeprefix("sqlite:///")
-    proc = subprocess.Popen([sys.executable, "-m", "zoo.cli", "serve", "--registry", env_path, "--port", str(port)],
-                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "zoo.cli", "serve", "--registry", env_path, "--port", str(port)],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"},
+    )
     try:
         deadline = time.monotonic() + 60
         while True:
@@ -352,13 +435,20 @@ def test_zoo_catalog_writes_pages_json_and_assets(small_registry, tmp_path):
     proc = run_cli("catalog", "--out", str(out), "--quiet", registry=small_registry)
     assert "wrote 8 models" in proc.stdout
     assert {p.name for p in out.iterdir()} == {"index.html", "model.html", "static", "data"}
-    assert {p.name for p in (out / "static").iterdir()} >= {"zoo.css", "format.js", "grammar.js", "plot.js",
-                                                            "search.js", "model.js"}
+    assert {p.name for p in (out / "static").iterdir()} >= {
+        "zoo.css",
+        "format.js",
+        "grammar.js",
+        "plot.js",
+        "search.js",
+        "model.js",
+    }
     index = json.loads((out / "data" / "index.json").read_text())
     zoo = Zoo(small_registry)
     unmeasured = dict.fromkeys(MEASURED)  # bench_cpu, ...: no run recorded in this registry
-    assert index["models"] == json.loads(json.dumps([{**views.summary(i), **unmeasured}
-                                                     for i in zoo.search(None, limit=None)]))
+    assert index["models"] == json.loads(
+        json.dumps([{**views.summary(i), **unmeasured} for i in zoo.search(None, limit=None)])
+    )
     assert [m["name"] for m in index["models"]] == [i.name for i in zoo.search(None, limit=None)]
     files = {p.name for p in (out / "data" / "models").iterdir()}
     assert files == {file_name(m["name"]) for m in index["models"]}

@@ -13,7 +13,7 @@ from tests.web_support import screenshots_dir, serving_app, serving_files
 from zoo import render
 from zoo.api import Zoo
 from zoo.errors import SearchSyntaxError
-from zoo.query import FIELDS, parse
+from zoo.query import parse
 from zoo.web import views
 from zoo.web.app import create_app
 from zoo.web.export import export_catalog
@@ -35,8 +35,11 @@ def wait(driver, condition, message=""):
 
 def ready(driver):
     """Wait for the page's script to finish drawing (it sets body[data-ready])."""
-    wait(driver, lambda d: d.execute_script("return document.body && document.body.dataset.ready === 'true'"),
-         "the page script did not finish")
+    wait(
+        driver,
+        lambda d: d.execute_script("return document.body && document.body.dataset.ready === 'true'"),
+        "the page script did not finish",
+    )
 
 
 def navigate(driver, act):
@@ -51,7 +54,7 @@ def _alive(element) -> bool:
     from selenium.common.exceptions import StaleElementReferenceException, WebDriverException
 
     try:
-        element.tag_name
+        _ = element.tag_name  # raises for a stale element
         return True
     except StaleElementReferenceException:
         return False
@@ -89,7 +92,9 @@ def assert_pareto_front(driver, points, x, y, better_x=-1, better_y=1):
     plotted = [p for p in points if p[x] and p[y]]
     on = [p for p in plotted if p["name"] in front]
     gx, gy = (lambda p: p[x] * better_x), (lambda p: p[y] * better_y)  # bigger is better on both
-    assert front and len(on) == len(front) and sorted(front, key=lambda n: [-gx(p) for p in on if p["name"] == n]) == front
+    assert (
+        front and len(on) == len(front) and sorted(front, key=lambda n: [-gx(p) for p in on if p["name"] == n]) == front
+    )
     for p in on:
         assert not any(gx(q) >= gx(p) and gy(q) > gy(p) for q in plotted), p["name"]
     for p in plotted:
@@ -186,8 +191,10 @@ def test_model_page_tree_tensors_and_estimate(browser, site, small_registry):
     info = zoo.info("timm/resnet18", tensors=True)
     browser.get(site + "/model/timm/resnet18")
     ready(browser)
-    rows = [[c.text for c in tr.find_elements("css selector", "th, td")]
-            for tr in browser.find_elements("css selector", "#show tr")]
+    rows = [
+        [c.text for c in tr.find_elements("css selector", "th, td")]
+        for tr in browser.find_elements("css selector", "#show tr")
+    ]
     assert rows == [[label, text] for label, text in render.info_rows(info)]
     assert len(browser.find_elements("css selector", "#tensors tbody tr")) == 100
     assert 'zoo.get("timm/resnet18")' in browser.find_element("id", "snippets").text
@@ -212,8 +219,10 @@ def test_model_page_tree_tensors_and_estimate(browser, site, small_registry):
     form.find_element("css selector", "button[type='submit']").click()
     wait(browser, lambda d: d.find_elements("css selector", "#estimate-bar rect.seg"), "no estimate bar")
     expected = zoo.estimate("timm/resnet18", batch=8, dtype="bf16", training=True)
-    parts = {r.get_attribute("data-part"): float(r.get_attribute("width"))
-             for r in browser.find_elements("css selector", "#estimate-bar rect.seg")}
+    parts = {
+        r.get_attribute("data-part"): float(r.get_attribute("width"))
+        for r in browser.find_elements("css selector", "#estimate-bar rect.seg")
+    }
     assert set(parts) == {"weights", "gradients", "optimizer_states", "inputs", "activations"}
     widths = {p: getattr(expected, p) * 600 / expected.upper_bound for p in parts}
     assert all(abs(parts[p] - widths[p]) < 0.02 for p in parts)
@@ -230,30 +239,38 @@ def test_the_static_catalog_searches_in_the_page(browser, small_registry, tmp_pa
         ready(browser)
         assert table_names(browser) == [i.name for i in zoo.search(None, limit=None)]
         search_box(browser, "name~'resnet*' or task=object-detection")
-        assert table_names(browser) == [i.name for i in zoo.search("name~'resnet*' or task=object-detection",
-                                                                    limit=None)]
-        assert len(marks(browser)) == sum(1 for i in zoo.search("name~'resnet*' or task=object-detection", limit=None)
-                                          if i.flops and i.params)
+        assert table_names(browser) == [
+            i.name for i in zoo.search("name~'resnet*' or task=object-detection", limit=None)
+        ]
+        assert len(marks(browser)) == sum(
+            1 for i in zoo.search("name~'resnet*' or task=object-detection", limit=None) if i.flops and i.params
+        )
         shot(browser, "06-static-search.png")
 
         # the in-page grammar (static/grammar.js) against zoo.search: the cases tests/test_search.py also reads
         cases = json.loads((Path(__file__).parent / "grammar_cases.json").read_text())
         script = """const [queries, sorts, done] = arguments;
-          Promise.all([import('./static/grammar.js'), fetch('data/index.json').then(r => r.json())]).then(([g, index]) =>
+          Promise.all([import('./static/grammar.js'), fetch('data/index.json').then(r => r.json())])
+            .then(([g, index]) =>
             done(queries.map(q => sorts.map(s => g.search(index, new URLSearchParams({q, sort: s, per_page: 200}))
               .points.map(p => p.name)))));"""
         got = browser.execute_async_script(script, cases["searches"], cases["sorts"])
-        want = [[[i.name for i in zoo.search(q, order_by=s, limit=None)] for s in cases["sorts"]]
-                for q in cases["searches"]]
+        want = [
+            [[i.name for i in zoo.search(q, order_by=s, limit=None)] for s in cases["sorts"]] for q in cases["searches"]
+        ]
         assert got == want
         script = """const [queries, done] = arguments;
-          Promise.all([import('./static/grammar.js'), fetch('data/index.json').then(r => r.json())]).then(([g, index]) =>
-            done(queries.map(q => { try { g.parse(q, index.fields); return null; } catch (e) { return e.column; } })));"""
+          Promise.all([import('./static/grammar.js'), fetch('data/index.json').then(r => r.json())])
+            .then(([g, index]) =>
+            done(queries.map(q => { try { g.parse(q, index.fields); return null; }
+              catch (e) { return e.column; } })));"""
         columns = browser.execute_async_script(script, [q for q, _ in cases["errors"]])
         assert columns == [column for _, column in cases["errors"]]
         # the numbers a search or its sort names are columns, with the cells the server's search gives
-        named = [["infer_4090_amp>0 or params>0", "-PRED_INFER_4090_AMP"],
-                 ["bench_cpu>1 or family=timm", "-train_3090_amp"]]
+        named = [
+            ["infer_4090_amp>0 or params>0", "-PRED_INFER_4090_AMP"],
+            ["bench_cpu>1 or family=timm", "-train_3090_amp"],
+        ]
         script = """const [cases, done] = arguments;
           Promise.all([import('./static/grammar.js'), fetch('data/index.json').then(r => r.json())])
             .then(([g, index]) => done(cases.map(([q, sort]) => {
@@ -273,7 +290,9 @@ def test_the_static_catalog_searches_in_the_page(browser, small_registry, tmp_pa
         name = link.text
         navigate(browser, link.click)
         assert browser.find_element("id", "title").text == name
-        assert len(browser.find_elements("css selector", "#tensors tbody tr")) == min(100, len(zoo.info(name, tensors=True).tensor_table))
+        assert len(browser.find_elements("css selector", "#tensors tbody tr")) == min(
+            100, len(zoo.info(name, tensors=True).tensor_table)
+        )
         shot(browser, "07-static-model.png")
 
 
@@ -284,9 +303,14 @@ def test_with_published_accuracy_the_plot_is_top1_against_cost(browser, small_re
     export_catalog(tmp_path / "site", small_registry)
     index_file = tmp_path / "site" / "data" / "index.json"
     index = json.loads(index_file.read_text())
-    made_up = {"timm/resnet18": 69.7, "timm/vit_tiny_patch16_224": 75.5, "timm/efficientnet_b0": 77.7,
-               "torchvision/mobilenet_v3_small": 67.7, "timm/swin_tiny_patch4_window7_224": 81.4,
-               "torchvision/resnet18": 69.8}
+    made_up = {
+        "timm/resnet18": 69.7,
+        "timm/vit_tiny_patch16_224": 75.5,
+        "timm/efficientnet_b0": 77.7,
+        "torchvision/mobilenet_v3_small": 67.7,
+        "timm/swin_tiny_patch4_window7_224": 81.4,
+        "torchvision/resnet18": 69.8,
+    }
     index["columns"].append("top1")
     index["fields"]["top1"] = "number"  # searchable, as recorded fields are
     for row in index["models"]:
@@ -295,13 +319,16 @@ def test_with_published_accuracy_the_plot_is_top1_against_cost(browser, small_re
     with serving_files(tmp_path / "site") as base:
         browser.get(base + "/index.html?sort=-top1")
         ready(browser)
-        assert table_names(browser)[:len(made_up)] == sorted(made_up, key=made_up.get, reverse=True)
+        assert table_names(browser)[: len(made_up)] == sorted(made_up, key=made_up.get, reverse=True)
         assert browser.find_element("css selector", "#table th[data-col='top1']").text.startswith("top-1")
         labels = [t.text for t in browser.find_elements("css selector", "#scatter .axis-label")]
         assert labels == ["GFLOPs (batch 1)", "top-1 (%)"]
         assert sorted(m.get_attribute("data-name") for m in marks(browser)) == sorted(made_up)
-        points = [{"name": i.name, "flops": i.flops, "top1": made_up[i.name]} for i in zoo.search(None, limit=None)
-                  if i.name in made_up]
+        points = [
+            {"name": i.name, "flops": i.flops, "top1": made_up[i.name]}
+            for i in zoo.search(None, limit=None)
+            if i.name in made_up
+        ]
         assert_pareto_front(browser, points, "flops", "top1")
         front = [li.get_attribute("data-name") for li in browser.find_elements("css selector", "#front li")]
         assert front == ["torchvision/mobilenet_v3_small", "timm/efficientnet_b0", "timm/swin_tiny_patch4_window7_224"]
@@ -324,8 +351,11 @@ def test_the_plot_takes_any_two_fields_and_marks_predictions(browser, site, smal
 
     everything = Zoo(small_registry).search(None, limit=None)
     measured = {i.name: i.infer_4090_amp for i in everything if i.infer_4090_amp and i.params}
-    guessed = {i.name: predicted(i, "pred_infer_4090_amp") for i in everything
-               if not i.infer_4090_amp and i.params and predicted(i, "pred_infer_4090_amp")}
+    guessed = {
+        i.name: predicted(i, "pred_infer_4090_amp")
+        for i in everything
+        if not i.infer_4090_amp and i.params and predicted(i, "pred_infer_4090_amp")
+    }
     assert len(measured) >= 3 and len(guessed) >= 2  # both kinds are on the plot
     url = "/?x=infer_4090_amp&y=params"
     browser.get(site + url)
@@ -334,8 +364,10 @@ def test_the_plot_takes_any_two_fields_and_marks_predictions(browser, site, smal
     labels = [t.text for t in browser.find_elements("css selector", "#scatter .axis-label")]
     assert labels == ["infer_4090_amp (samples/s, measured)", "parameters"]
     assert "predicted" in browser.find_element("id", "predicted-key").text
-    points = [{"name": n, "x": v, "params": next(i.params for i in everything if i.name == n)}
-              for n, v in {**measured, **guessed}.items()]
+    points = [
+        {"name": n, "x": v, "params": next(i.params for i in everything if i.name == n)}
+        for n, v in {**measured, **guessed}.items()
+    ]
     assert_pareto_front(browser, points, "x", "params", 1, -1)  # faster and smaller are better
     for li in browser.find_elements("css selector", "#front li"):
         assert ("(predicted)" in li.text) == (li.get_attribute("data-name") in guessed), li.text

@@ -38,14 +38,20 @@ def shipped_site():
 
 
 def overlap(a: dict, b: dict) -> bool:
-    return a["left"] < b["right"] - 1 and b["left"] < a["right"] - 1 and a["top"] < b["bottom"] - 1 and \
-        b["top"] < a["bottom"] - 1
+    return (
+        a["left"] < b["right"] - 1
+        and b["left"] < a["right"] - 1
+        and a["top"] < b["bottom"] - 1
+        and b["top"] < a["bottom"] - 1
+    )
 
 
 @pytest.mark.parametrize("width, height, phone", VIEWPORTS)
 def test_the_search_page_lays_out_without_overlap_and_with_readable_names(browser, shipped_site, width, height, phone):
-    browser.execute_cdp_cmd("Emulation.setDeviceMetricsOverride",
-                            {"width": width, "height": height, "deviceScaleFactor": 1, "mobile": phone})
+    browser.execute_cdp_cmd(
+        "Emulation.setDeviceMetricsOverride",
+        {"width": width, "height": height, "deviceScaleFactor": 1, "mobile": phone},
+    )
     try:
         browser.get(shipped_site + "/?q=name~'*vit*'&sort=-params")  # long names: timm's ViT variants
         ready(browser)

@@ -33,8 +33,9 @@ def gated(tmp_path, monkeypatch):
     monkeypatch.setenv("ZOO_TRUSTED_MODULES", "tests")
     url = f"sqlite:///{tmp_path / 'gated.db'}"
     gate, started = tmp_path / "gate", tmp_path / "started"
-    Zoo(url).index_builder("tests.builders:gated_net", "gated", {"gate": str(gate), "started": str(started)},
-                           inputs="1,3,32,32")
+    Zoo(url).index_builder(
+        "tests.builders:gated_net", "gated", {"gate": str(gate), "started": str(started)}, inputs="1,3,32,32"
+    )
     started.unlink()
     gate.touch()
     yield url, gate, started
@@ -61,6 +62,7 @@ def test_heavy_requests_past_the_bound_get_503_and_cheap_ones_are_still_answered
     url, gate, started = gated
     answers: list[tuple] = []
     with serving_app(web_app.create_app(url)) as base:
+
         def estimate():
             answers.append(fetch(base + "/api/estimate/user/gated?batch=2"))
 
@@ -125,9 +127,13 @@ def test_half_open_connections_past_the_file_limit_neither_lock_clients_out_nor_
     port = _free_port()
     # its log to a file: asyncio logs each accept() that finds no file left, and a full pipe would block it
     log = (tmp_path / "serve.log").open("w")
-    proc = subprocess.Popen([sys.executable, "-m", "zoo.cli", "serve", "--registry", small_registry, "--port", str(port)],
-                            cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
-                            preexec_fn=_few_files)  # 256 files: the server cannot hold what the attack opens
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "zoo.cli", "serve", "--registry", small_registry, "--port", str(port)],
+        cwd=ROOT,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        preexec_fn=_few_files,
+    )  # 256 files: the server cannot hold what the attack opens
     base, half_open = f"http://127.0.0.1:{port}", []
     try:
         wait_for(lambda: proc.poll() is None and _answers(base), "zoo serve did not start")
@@ -211,8 +217,12 @@ def test_a_worker_killed_mid_request_is_a_clear_500_and_the_next_heavy_request_g
 def test_the_worker_ends_when_zoo_serve_is_killed(gated, tmp_path):
     url, gate, started = gated
     port, log = _free_port(), (tmp_path / "serve.log").open("w")
-    proc = subprocess.Popen([sys.executable, "-m", "zoo.cli", "serve", "--registry", url, "--port", str(port)],
-                            cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "zoo.cli", "serve", "--registry", url, "--port", str(port)],
+        cwd=ROOT,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
     base, worker = f"http://127.0.0.1:{port}", None
     try:
         wait_for(lambda: proc.poll() is None and _answers(base), "zoo serve did not start")

@@ -38,7 +38,11 @@ def _no_backbone(builder: str) -> dict:
 
     from torchvision.models import get_model_builder
 
-    return {"weights_backbone": None} if "weights_backbone" in inspect.signature(get_model_builder(builder)).parameters else {}
+    return (
+        {"weights_backbone": None}
+        if "weights_backbone" in inspect.signature(get_model_builder(builder)).parameters
+        else {}
+    )
 
 
 def _table(module) -> list:
@@ -77,7 +81,12 @@ def _check_model(family_name: str, builder: str) -> None:
     recorded = [(t.name, t.kind, t.persistent, t.shape, t.dtype, t.tied_to) for t in info.tensor_table]
     assert recorded == _table(reference) == _table(built)
     assert (info.params, info.trainable, info.buffers, info.tensors, info.bytes) == (
-        expected.params, expected.trainable, expected.buffers, expected.tensors, expected.bytes)
+        expected.params,
+        expected.trainable,
+        expected.buffers,
+        expected.tensors,
+        expected.bytes,
+    )
     assert info.params == sum(p.numel() for p in reference.parameters())
 
 
@@ -87,7 +96,8 @@ def test_every_model_builds_through_zoo_and_matches_its_row(family_name):
     builders = family(family_name).available()
     failures = _failures(_check_model, family_name, builders)
     assert not failures, f"{len(failures)} of {len(builders)} {family_name} models failed:\n" + "\n".join(
-        f"  {n}: {e}" for n, e in sorted(failures.items()))
+        f"  {n}: {e}" for n, e in sorted(failures.items())
+    )
 
 
 @functools.cache
@@ -119,4 +129,5 @@ def test_every_pretrained_variant_matches_its_plain_build(family_name):
     variants = list(_variants(family_name))
     failures = _failures(_check_variant, family_name, variants)
     assert not failures, f"{len(failures)} of {len(variants)} {family_name} variants failed:\n" + "\n".join(
-        f"  {n}: {e}" for n, e in sorted(failures.items()))
+        f"  {n}: {e}" for n, e in sorted(failures.items())
+    )

@@ -88,6 +88,7 @@ def check_model(name: str) -> dict:
 def _hard_cases_first(names: list[str]) -> list[str]:
     """torchvision, then models with non-persistent buffers or ties, then the rest: a sweep cut
     short has covered the cases most likely to break."""
+
     def hard(name):
         table = zoo.info(name, tensors=True).tensor_table or []
         return any(not t.persistent or t.tied_to for t in table)
@@ -97,11 +98,23 @@ def _hard_cases_first(names: list[str]) -> list[str]:
 
 # CI's share of the sweep: small models from the hard families (non-persistent buffers, ties,
 # plain tensor attributes, RNG-driven inits), about a second each.
-CI_SAMPLE = ["timm/test_coatnet", "timm/test_vit_relpos", "timm/efficientvit_m0", "timm/efficientformerv2_s0",
-             "timm/eva02_tiny_patch14_224", "timm/vit_pe_spatial_tiny_patch16_512", "timm/convit_tiny",
-             "timm/coat_lite_tiny", "timm/levit_128s", "timm/efficientnet_blur_b0", "timm/regnetx_002",
-             "torchvision/fasterrcnn_mobilenet_v3_large_320_fpn", "torchvision/ssdlite320_mobilenet_v3_large",
-             "torchvision/raft_small", "torchvision/swin_v2_t"]
+CI_SAMPLE = [
+    "timm/test_coatnet",
+    "timm/test_vit_relpos",
+    "timm/efficientvit_m0",
+    "timm/efficientformerv2_s0",
+    "timm/eva02_tiny_patch14_224",
+    "timm/vit_pe_spatial_tiny_patch16_512",
+    "timm/convit_tiny",
+    "timm/coat_lite_tiny",
+    "timm/levit_128s",
+    "timm/efficientnet_blur_b0",
+    "timm/regnetx_002",
+    "torchvision/fasterrcnn_mobilenet_v3_large_320_fpn",
+    "torchvision/ssdlite320_mobilenet_v3_large",
+    "torchvision/raft_small",
+    "torchvision/swin_v2_t",
+]
 
 
 @pytest.mark.parametrize("name", CI_SAMPLE)
@@ -148,8 +161,11 @@ def test_whole_zoo_round_trip_and_init():
         results[name]["seconds"] = round(time.perf_counter() - start, 2)
         with open(out, "w") as f:
             json.dump(results, f, indent=1)
-    failed = {n: r for n, r in results.items() if "skipped" not in r and not (r.get("init") and r.get("state")
-                                                                                and r.get("forward"))}
+    failed = {
+        n: r
+        for n, r in results.items()
+        if "skipped" not in r and not (r.get("init") and r.get("state") and r.get("forward"))
+    }
     summary = {key: sum(1 for r in results.values() if r.get(key)) for key in ("init", "state", "forward")}
     print(f"\nsweep over {len(results)} models: {summary}, skipped {sum('skipped' in r for r in results.values())}")
     assert not failed, f"{len(failed)} models failed:\n" + "\n".join(f"  {n}: {r}" for n, r in sorted(failed.items()))

@@ -4,8 +4,19 @@
 from zoo.errors import UntrustedBuilder
 from zoo.families import torch_version
 from zoo.families.base import (  # noqa: F401 - the protocol's answers it takes as they are
-    BUILDS, CONSTRUCTION_DECIDES, INPUTS_RECORDED, LANGUAGE_MODEL, PRETRAINED, PUBLISHED_RESULTS,
-    architecture_columns, load_arguments, preprocess, read_results, results_folder, tokenize, variant_name,
+    BUILDS,
+    CONSTRUCTION_DECIDES,
+    INPUTS_RECORDED,
+    LANGUAGE_MODEL,
+    PRETRAINED,
+    PUBLISHED_RESULTS,
+    architecture_columns,
+    load_arguments,
+    preprocess,
+    read_results,
+    results_folder,
+    tokenize,
+    variant_name,
     weights_tag,
 )
 
@@ -37,5 +48,15 @@ def versions() -> dict:
 
 
 def variants(patterns=(), results: dict | None = None) -> list[dict]:
-    return [{"builder": "mlp", "kwargs": {"hidden": 64}, "kind": "variant", "tag": "wide", "arch_name": "toy/mlp",
-             "license": "mit", "dataset": None, "num_classes": 3}]
+    return [
+        {
+            "builder": "mlp",
+            "kwargs": {"hidden": 64},
+            "kind": "variant",
+            "tag": "wide",
+            "arch_name": "toy/mlp",
+            "license": "mit",
+            "dataset": None,
+            "num_classes": 3,
+        }
+    ]

@@ -15,9 +15,18 @@ import pytest
 CHROMIUM, CHROMEDRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"
 # Without the background-networking flags Chromium keeps dialling out, and on a closed network its
 # connections are refused; a new profile per run keeps runs apart.
-FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-         "--disable-background-networking", "--disable-component-update", "--disable-sync",
-         "--disable-dev-shm-usage", "--window-size=1700,1100"]
+FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--disable-dev-shm-usage",
+    "--window-size=1700,1100",
+]
 
 
 def screenshots_dir() -> Path:
@@ -52,6 +61,7 @@ def serving_app(app, **options):
 @contextlib.contextmanager
 def serving_files(directory):
     """A plain static file server over `directory` (what hosting the exported catalog looks like)."""
+
     class Quiet(SimpleHTTPRequestHandler):
         def log_message(self, *args):
             pass
@@ -69,8 +79,10 @@ def serving_files(directory):
 def chromium(profile_dir):
     """A Selenium driver on headless Debian Chromium. Missing Chromium fails in CI and skips elsewhere."""
     if not (Path(CHROMIUM).exists() and Path(CHROMEDRIVER).exists()):
-        message = (f"{CHROMIUM} and {CHROMEDRIVER} are needed: apt-get install -y chromium chromium-driver "
-                   "(`make test` does it as root)")
+        message = (
+            f"{CHROMIUM} and {CHROMEDRIVER} are needed: apt-get install -y chromium chromium-driver "
+            "(`make test` does it as root)"
+        )
         if os.environ.get("CI"):
             pytest.fail(message)
         pytest.skip(message)
@@ -84,5 +96,3 @@ def chromium(profile_dir):
     driver = webdriver.Chrome(options=options, service=webdriver.ChromeService(executable_path=CHROMEDRIVER))
     driver.set_page_load_timeout(60)
     return driver
-
-

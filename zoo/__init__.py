@@ -7,15 +7,39 @@ zoo.connect(url) gives a Zoo with the same methods on any other.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from zoo.api import Zoo, connect
 from zoo.caching import cache_clear, caches
 from zoo.errors import (
-    AmbiguousName, AnalysisError, AnalysisTimeout, BenchFailed, BuildFailed, CatalogError, CheckpointError,
-    DownloadBlocked, HubUnavailable, InvalidArgument, InvalidComparison, InvalidRecipe, MaterializeError, ModelExists,
-    ModelNotFound, NotBuildable, RegistryDrift, RegistryError, RegistryLocked, RegistryNotFound, SchemaOutdated,
-    SearchSyntaxError, TokenizerNotCached, UnknownFamily, UntrustedBuilder, WeightsMismatch, WorkerFailed, ZooError,
+    AmbiguousName,
+    AnalysisError,
+    AnalysisTimeout,
+    BenchFailed,
+    BuildFailed,
+    CatalogError,
+    CheckpointError,
+    DownloadBlocked,
+    HubUnavailable,
+    InvalidArgument,
+    InvalidComparison,
+    InvalidRecipe,
+    MaterializeError,
+    ModelExists,
+    ModelNotFound,
+    NotBuildable,
+    RegistryDrift,
+    RegistryError,
+    RegistryLocked,
+    RegistryNotFound,
+    SchemaOutdated,
+    SearchSyntaxError,
+    TokenizerNotCached,
+    UnknownFamily,
+    UntrustedBuilder,
+    WeightsMismatch,
+    WorkerFailed,
+    ZooError,
 )
 from zoo.inspection import TensorInfo
 from zoo.model_info import ModelInfo
@@ -43,8 +67,9 @@ def check(name: str, weights, key_map=None) -> Fit:
     return Zoo().check(name, weights, key_map)
 
 
-def search(expression=None, order_by: str | None = None, limit: int | None = None,
-           fields=None) -> list[ModelInfo] | list[dict]:
+def search(
+    expression=None, order_by: str | None = None, limit: int | None = None, fields=None
+) -> list[ModelInfo] | list[dict]:
     """Every model matching e.g. "params<7e9 and family=timm" or F.params < 7e9 (see Zoo.search)."""
     return Zoo().search(expression, order_by, limit, fields)
 
@@ -54,16 +79,34 @@ def scan(name_or_module, *inputs_or_shapes, registry: str | Zoo | None = None, *
     return _registry(registry).scan(name_or_module, *inputs_or_shapes, **options)
 
 
-def estimate(name_or_module, batch: int = 1, dtype="bf16", training: bool = False, optimizer: str = "adamw",
-             seq_len: int | None = None, registry: str | Zoo | None = None, kv_dtype=None, weights_dtype=None,
-             group_size: int = 128, checkpointing: bool = False) -> Estimate:
+def estimate(
+    name_or_module,
+    batch: int = 1,
+    dtype="bf16",
+    training: bool = False,
+    optimizer: str = "adamw",
+    seq_len: int | None = None,
+    registry: str | Zoo | None = None,
+    kv_dtype=None,
+    weights_dtype=None,
+    group_size: int = 128,
+    checkpointing: bool = False,
+) -> Estimate:
     """Bytes for weights, gradients, optimizer states, KV cache and activations, measured on meta (see
     zoo.analysis.estimate): kv_dtype="fp8" for the cache, weights_dtype="int8"|"int4"|"fp8" for weight-only
     quantization (int8/int4 with group_size), checkpointing=True for training with activation checkpointing."""
-    return _registry(registry).estimate(name_or_module, batch=batch, dtype=dtype, training=training,
-                                        optimizer=optimizer, seq_len=seq_len, kv_dtype=kv_dtype,
-                                        weights_dtype=weights_dtype, group_size=group_size,
-                                        checkpointing=checkpointing)
+    return _registry(registry).estimate(
+        name_or_module,
+        batch=batch,
+        dtype=dtype,
+        training=training,
+        optimizer=optimizer,
+        seq_len=seq_len,
+        kv_dtype=kv_dtype,
+        weights_dtype=weights_dtype,
+        group_size=group_size,
+        checkpointing=checkpointing,
+    )
 
 
 def transform(name: str, train: bool = False, test_size: bool = False):
@@ -84,10 +127,57 @@ def _registry(registry) -> Zoo:
 
 
 __all__ = [
-    "Zoo", "connect", "get", "info", "search", "check", "scan", "estimate", "transform", "bench", "F", "FIELDS", "ModelInfo",
-    "TensorInfo", "cache_clear", "caches",
-    "ZooError", "ModelNotFound", "AmbiguousName", "SearchSyntaxError", "InvalidComparison", "BuildFailed",
-    "NotBuildable", "InvalidRecipe", "InvalidArgument", "UntrustedBuilder", "UnknownFamily", "SchemaOutdated",
-    "RegistryDrift", "RegistryError", "RegistryLocked", "RegistryNotFound", "ModelExists", "CatalogError", "CheckpointError", "WeightsMismatch", "HubUnavailable", "DownloadBlocked",
-    "MaterializeError", "AnalysisError", "AnalysisTimeout", "TokenizerNotCached", "WorkerFailed", "BenchFailed",
+    "Zoo",
+    "connect",
+    "get",
+    "info",
+    "search",
+    "check",
+    "scan",
+    "estimate",
+    "transform",
+    "bench",
+    "F",
+    "FIELDS",
+    "ModelInfo",
+    "TensorInfo",
+    "cache_clear",
+    "caches",
+    "ZooError",
+    "ModelNotFound",
+    "AmbiguousName",
+    "SearchSyntaxError",
+    "InvalidComparison",
+    "BuildFailed",
+    "NotBuildable",
+    "InvalidRecipe",
+    "InvalidArgument",
+    "UntrustedBuilder",
+    "UnknownFamily",
+    "SchemaOutdated",
+    "RegistryDrift",
+    "RegistryError",
+    "RegistryLocked",
+    "RegistryNotFound",
+    "ModelExists",
+    "CatalogError",
+    "CheckpointError",
+    "WeightsMismatch",
+    "HubUnavailable",
+    "DownloadBlocked",
+    "MaterializeError",
+    "AnalysisError",
+    "AnalysisTimeout",
+    "TokenizerNotCached",
+    "WorkerFailed",
+    "BenchFailed",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    """zoo.__version__, the installed package's, read when first asked: importing zoo stays cheap."""
+    if name == "__version__":
+        from importlib.metadata import version
+
+        return version("zoo")
+    raise AttributeError(f"module 'zoo' has no attribute {name!r}")

@@ -6,11 +6,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from zoo.load import LazyLoad, bind, constructor_files, row_of, weights_file
 from zoo.columns import BY_NAME, check_name, name_part
 from zoo.constants import refuse_unnamed_write, registry_named, registry_url
 from zoo.errors import BuildFailed, InvalidArgument, NotBuildable, WeightsMismatch
 from zoo.families import family
+from zoo.load import LazyLoad, bind, constructor_files, row_of, weights_file
 from zoo.model_info import ModelInfo
 from zoo.query import check_fields
 from zoo.recipe import Recipe
@@ -67,8 +67,13 @@ class Zoo:
         """The recorded metadata of a model, without importing torch; tensors=True adds its tensor table."""
         return self._row(name, tensors)[0]
 
-    def search(self, expression=None, order_by: str | None = None, limit: int | None = None,
-               fields: tuple[str, ...] | None = None) -> list[ModelInfo] | list[dict]:
+    def search(
+        self,
+        expression=None,
+        order_by: str | None = None,
+        limit: int | None = None,
+        fields: tuple[str, ...] | None = None,
+    ) -> list[ModelInfo] | list[dict]:
         """Every model matching a search string or F-expression (or the first `limit`), by name or by
         order_by: a field, "-field" for descending ("-params"). fields=("name", "params", ...): a dict of
         just those fields per model instead of a ModelInfo (faster); any field the search takes, a measured
@@ -92,8 +97,13 @@ class Zoo:
             from zoo.throughput.benchmark import fastest
 
             best = {f: fastest(self, [r["name"] for r in rows], f) for f in computed if f in MEASURED}
-        return [{f: best[f].get(r["name"]) if f in MEASURED else predicted(r, f) if f in PREDICTED else r[f]
-                 for f in fields} for r in rows]
+        return [
+            {
+                f: best[f].get(r["name"]) if f in MEASURED else predicted(r, f) if f in PREDICTED else r[f]
+                for f in fields
+            }
+            for r in rows
+        ]
 
     def _search(self, expression, order_by, limit, fields):
         from zoo.registry import lite
@@ -185,8 +195,18 @@ class Zoo:
 
         # scan and estimate run with the row's own inputs (zoo.analysis.inputs.described): a variant's tag, a user's
         module, ties = model_cache.cached(key, build)
-        return bind(module, ZooState(recipe, info.name, self.url, info.tag if info.kind == "variant" else None,
-                                     inputs, None if overrides else info.load_args, ties))
+        return bind(
+            module,
+            ZooState(
+                recipe,
+                info.name,
+                self.url,
+                info.tag if info.kind == "variant" else None,
+                inputs,
+                None if overrides else info.load_args,
+                ties,
+            ),
+        )
 
     def _row(self, name: str, tensors: bool = False) -> tuple[ModelInfo, str]:
         """A model's ModelInfo and source hash, in one snapshot (see zoo.load.row_of)."""
@@ -207,9 +227,19 @@ class Zoo:
             return scan(module, **tokenized(full, module, inputs), **options)
         return scan(module, *inputs, **options)
 
-    def estimate(self, name_or_module, batch: int = 1, dtype="bf16", training: bool = False,
-                 optimizer: str = "adamw", seq_len: int | None = None, kv_dtype=None, weights_dtype=None,
-                 group_size: int = 128, checkpointing: bool = False) -> Estimate:
+    def estimate(
+        self,
+        name_or_module,
+        batch: int = 1,
+        dtype="bf16",
+        training: bool = False,
+        optimizer: str = "adamw",
+        seq_len: int | None = None,
+        kv_dtype=None,
+        weights_dtype=None,
+        group_size: int = 128,
+        checkpointing: bool = False,
+    ) -> Estimate:
         """Bytes for weights, gradients, optimizer states, KV cache and activations, measured on meta (see
         zoo.analysis.estimate): kv_dtype for the cache ("fp8"), weights_dtype for weight-only quantization
         ("int8", "int4" with group_size, "fp8"), checkpointing for training. The options are checked
@@ -217,9 +247,17 @@ class Zoo:
         from zoo.analysis import estimate
         from zoo.analysis.memory import check_options
 
-        options = dict(batch=batch, dtype=dtype, training=training, optimizer=optimizer, seq_len=seq_len,
-                       kv_dtype=kv_dtype, weights_dtype=weights_dtype, group_size=group_size,
-                       checkpointing=checkpointing)
+        options = dict(
+            batch=batch,
+            dtype=dtype,
+            training=training,
+            optimizer=optimizer,
+            seq_len=seq_len,
+            kv_dtype=kv_dtype,
+            weights_dtype=weights_dtype,
+            group_size=group_size,
+            checkpointing=checkpointing,
+        )
         check_options(**options)
         name = name_or_module if isinstance(name_or_module, str) else None
         return estimate(self._module(name_or_module), name=name, **options)
@@ -238,20 +276,34 @@ class Zoo:
         return fit(targets_from_table(info.tensor_table), specs_of(self.weights_path(info.name, weights)), key_map)
 
     def add_weights(self, name: str, path, tag: str = "default", strict: bool = True) -> str:
-        """Record a weights file for a model under a tag, with its sha256, once it fits the model; returns the sha256."""
+        """Record a weights file for a model under a tag, with its sha256, once it fits the model; returns the
+        sha256."""
         from zoo.indexing.indexer import is_constructor_tag
         from zoo.weights.digest import digest
 
-        if (not isinstance(tag, str) or not tag.strip() or len(tag) > 64 or "/" in tag or tag.startswith("hf:")
-                or is_constructor_tag(tag) or tag == "pretrained"):
-            raise InvalidArgument(f"a weights tag is a name of 1 to 64 characters without '/', such as 'default' "
-                                  f"or 'v1.0' ('constructor' and 'pretrained' are zoo's own), not {tag!r}")
+        if (
+            not isinstance(tag, str)
+            or not tag.strip()
+            or len(tag) > 64
+            or "/" in tag
+            or tag.startswith("hf:")
+            or is_constructor_tag(tag)
+            or tag == "pretrained"
+        ):
+            raise InvalidArgument(
+                f"a weights tag is a name of 1 to 64 characters without '/', such as 'default' "
+                f"or 'v1.0' ('constructor' and 'pretrained' are zoo's own), not {tag!r}"
+            )
         result = self.check(name, Path(path))  # a Path is never a tag; checked first: resolve() crashes on a loop
         path = Path(path).resolve()
         nothing = not result.matched and result.missing  # strict=False must not record an unrelated file
         if result.misshaped or (strict and (result.missing or result.unexpected)) or nothing:
-            raise WeightsMismatch(result.missing, result.unexpected, result.misshaped,
-                                  "not one key matches: wrong file, or a different model?" if nothing else "")
+            raise WeightsMismatch(
+                result.missing,
+                result.unexpected,
+                result.misshaped,
+                "not one key matches: wrong file, or a different model?" if nothing else "",
+            )
         sha256, nbytes = digest(path)
         with db.session(self._writable, write=True) as s, s.begin():
             store.add_weights(s, name, tag, str(path), sha256, nbytes)
@@ -271,9 +323,23 @@ class Zoo:
 
     # --- record -------------------------------------------------------------------------------
 
-    def index(self, source: str, targets=(), jobs: int = 1, force: bool = False, name: str | None = None,
-              revision: str | None = None, progress=None, pretrained: bool = False, results=None, author=None,
-              search=None, filter=None, limit: int | None = None, local_cache: bool = False) -> Outcome:
+    def index(
+        self,
+        source: str,
+        targets=(),
+        jobs: int = 1,
+        force: bool = False,
+        name: str | None = None,
+        revision: str | None = None,
+        progress=None,
+        pretrained: bool = False,
+        results=None,
+        author=None,
+        search=None,
+        filter=None,
+        limit: int | None = None,
+        local_cache: bool = False,
+    ) -> Outcome:
         """Build models on meta and record them, skipping unchanged ones unless force; progress(name, done, total)
         after each. source "timm" or "torchvision": targets are glob patterns (none: every model); pretrained=True:
         a row per pretrained variant instead ("timm/resnet50.a1_in1k", the patterns match "resnet50.a1_in1k"),
@@ -289,29 +355,51 @@ class Zoo:
         listing = bool(author or search or filter or local_cache) or limit is not None  # repos the hub picks
         if source == "hf" and not pretrained and results is None:
             if listing == bool(targets) or listing and (name is not None or revision is not None):  # both or neither
-                raise InvalidArgument("index hf takes config sources (targets, with name and revision) or the hub's "
-                                      "listing (author, search, filter, limit, local_cache): one of the two")
-            return (self.index_hub(author, search, filter, limit, local_cache, force=force, progress=progress)
-                    if listing else indexer.index_configs(self._writable, targets, name, revision, force, progress))
+                raise InvalidArgument(
+                    "index hf takes config sources (targets, with name and revision) or the hub's "
+                    "listing (author, search, filter, limit, local_cache): one of the two"
+                )
+            return (
+                self.index_hub(author, search, filter, limit, local_cache, force=force, progress=progress)
+                if listing
+                else indexer.index_configs(self._writable, targets, name, revision, force, progress)
+            )
         if name is not None or revision is not None or listing:
             raise InvalidArgument(f"name, revision and the hub's listing apply to hf sources, not to {source}")
         if source == "installed":
             if pretrained:
-                raise InvalidArgument("installed indexes the architectures and their pretrained variants both: "
-                                      "no pretrained flag")
-            return indexer.index_installed(self._writable, targets, jobs=jobs, force=force, progress=progress,
-                                           results=results)
-        return indexer.index_family(self._writable, source, targets, jobs=jobs, force=force, progress=progress,
-                                    pretrained=pretrained, results=results)
+                raise InvalidArgument(
+                    "installed indexes the architectures and their pretrained variants both: no pretrained flag"
+                )
+            return indexer.index_installed(
+                self._writable, targets, jobs=jobs, force=force, progress=progress, results=results
+            )
+        return indexer.index_family(
+            self._writable,
+            source,
+            targets,
+            jobs=jobs,
+            force=force,
+            progress=progress,
+            pretrained=pretrained,
+            results=results,
+        )
 
-    def index_hub(self, author: str | None = None, search: str | None = None, filter: str | None = None,
-                  limit: int | None = None, local_cache: bool = False, force: bool = False, progress=None) -> Outcome:
+    def index_hub(
+        self,
+        author: str | None = None,
+        search: str | None = None,
+        filter: str | None = None,
+        limit: int | None = None,
+        local_cache: bool = False,
+        force: bool = False,
+        progress=None,
+    ) -> Outcome:
         """Index Hugging Face hub repos from config.json alone (never weights): those the hub's listing gives for
         author/search/filter (at most limit), or with local_cache every model in the local hub cache, offline.
         Each repo is a row hf/ORG/NAME with the hub's metadata; a repo that fails is a row with its reason.
         Repos already recorded from the same commit are skipped, so a rerun resumes an interrupted run."""
-        from zoo.indexing import hub
-        from zoo.indexing import hub_listing
+        from zoo.indexing import hub, hub_listing
 
         if limit is not None and (not isinstance(limit, int) or isinstance(limit, bool) or limit < 1):
             raise InvalidArgument(f"limit is a whole number >= 1, not {limit!r}")
@@ -326,20 +414,22 @@ class Zoo:
             repos, origin = hub_listing.list_repos(author, search, filter, limit), "hub listing"
         return hub.index_hub(url, repos, origin, force=force, progress=progress)
 
-    def index_builder(self, builder: str, name: str, kwargs: dict | None = None, force: bool = False,
-                      inputs=None) -> dict:
+    def index_builder(
+        self, builder: str, name: str, kwargs: dict | None = None, force: bool = False, inputs=None
+    ) -> dict:
         """Index a model built by a user's MODULE:FUNCTION (its package trusted for this call); returns its row.
         A model of another family or builder under that name is replaced only with force=True. `inputs`:
         its input spec, "1,3,224,224" or [{"shape": [1, 16], "dtype": "int64", "name": "input_ids"}, ...]
         (the first dimension is the batch), recorded so that the model gets FLOPs, scan and estimate."""
-        from zoo.indexing import indexer
         from zoo.analysis.inputs import parse_inputs
+        from zoo.indexing import indexer
 
         parsed = parse_inputs(inputs) if inputs is not None else None  # refused before anything is built
         recipe = Recipe("user", builder, kwargs or {})
         full = check_name(name if "/" in check_name(name) else f"user/{name}", new=True)
-        return indexer.index_one(self._writable, full, recipe, trusted={builder.split(":")[0].split(".")[0]},
-                                 force=force, inputs=parsed)
+        return indexer.index_one(
+            self._writable, full, recipe, trusted={builder.split(":")[0].split(".")[0]}, force=force, inputs=parsed
+        )
 
     def index_checkpoint(self, path, name: str | None = None, force: bool = False) -> dict:
         """Record a weights file's tensors (no module); returns its row."""

@@ -43,6 +43,7 @@ def _loading_on_meta(load):
             files_read.append(os.path.abspath(f))
         rest = {k: v for k, v in kwargs.items() if k not in ("map_location", "pickle_module", "weights_only", "mmap")}
         return load(f, map_location="meta", weights_only=True, **rest)
+
     return guarded
 
 
@@ -56,8 +57,9 @@ def loads_on_meta(files_read: list):
     return scope(_FILES_READ, files_read)
 
 
-def build_meta(recipe: Recipe, trusted: set[str] | None = None, keep_all_values: bool = False,
-               files_read: list | None = None):
+def build_meta(
+    recipe: Recipe, trusted: set[str] | None = None, keep_all_values: bool = False, files_read: list | None = None
+):
     """The module of `recipe` with every tensor on meta. Constructed values of small tensors ride
     along (zoo.meta); keep_all_values keeps them at any size, for materialize's non-persistent buffers.
     Files the constructor reads with torch.load are appended to files_read (see loads_on_meta)."""
@@ -66,8 +68,12 @@ def build_meta(recipe: Recipe, trusted: set[str] | None = None, keep_all_values:
     from zoo.meta import SHADOW_LIMIT, force_meta
 
     fam = vetted(recipe, trusted)
-    return _run(recipe, fam, loads_on_meta([] if files_read is None else files_read),
-                force_meta(sys.maxsize if keep_all_values else SHADOW_LIMIT))
+    return _run(
+        recipe,
+        fam,
+        loads_on_meta([] if files_read is None else files_read),
+        force_meta(sys.maxsize if keep_all_values else SHADOW_LIMIT),
+    )
 
 
 def build_real(recipe: Recipe, device):
@@ -80,6 +86,7 @@ def build_real(recipe: Recipe, device):
 def cast_meta(module, dtype) -> None:
     """A meta module's floating tensors in `dtype`, as timm.create_model(..., dtype=) builds them; the
     values their constructor computed (zoo.meta shadows) stay with them."""
+
     def cast(t):
         if not t.is_floating_point():
             return t
@@ -99,5 +106,7 @@ def check_against_record(name: str, module, recorded) -> None:
     got = {t.name: (t.shape, t.dtype) for t in inspect_module(module).tensor_table}
     if want != got:
         diff = sorted(set(want.items()) ^ set(got.items()))[:5]
-        raise RegistryDrift(f"{name}: the installed library builds other tensors than the registry records "
-                            f"(first differences: {diff}); re-index it with `zoo index`")
+        raise RegistryDrift(
+            f"{name}: the installed library builds other tensors than the registry records "
+            f"(first differences: {diff}); re-index it with `zoo index`"
+        )

@@ -20,8 +20,13 @@ class Cache:
 _ALL: dict[str, Cache] = {}
 
 
-def register(name: str, store=None, bound: int = 0, clear: Callable[[], None] | None = None,
-             size: Callable[[], int] | None = None) -> None:
+def register(
+    name: str,
+    store=None,
+    bound: int = 0,
+    clear: Callable[[], None] | None = None,
+    size: Callable[[], int] | None = None,
+) -> None:
     """Register a dict or set (or, with clear and size, anything else) as the cache `name`."""
     _ALL[name] = Cache(name, clear or store.clear, size or (lambda: len(store)), bound)
 

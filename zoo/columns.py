@@ -34,7 +34,9 @@ class Column:
         return "number" if self.kind in ("int", "float") else "string"
 
     def python_type(self):
-        base = {"text": str, "int": int, "float": float, "json": object, "shape": tuple, "datetime": datetime}[self.kind]
+        base = {"text": str, "int": int, "float": float, "json": object, "shape": tuple, "datetime": datetime}[
+            self.kind
+        ]
         return base | None if self.nullable else base
 
     def decode(self, value):
@@ -54,13 +56,18 @@ class Column:
             return value
         try:  # NaN and Infinity are not JSON: no reader but Python's would parse the field
             # the separators the shipped registry was written with, so that a rebuild compares equal
-            return json.dumps(list(value), allow_nan=False) if self.kind == "shape" else \
-                json.dumps(value, separators=(",", ":"), allow_nan=False)
+            return (
+                json.dumps(list(value), allow_nan=False)
+                if self.kind == "shape"
+                else json.dumps(value, separators=(",", ":"), allow_nan=False)
+            )
         except ValueError:
             from zoo.errors import InvalidArgument
 
-            raise InvalidArgument(f"{self.name} holds a number that is not finite (NaN or infinity): "
-                                  f"{str(value)[:200]}; give a finite number or none") from None
+            raise InvalidArgument(
+                f"{self.name} holds a number that is not finite (NaN or infinity): "
+                f"{str(value)[:200]}; give a finite number or none"
+            ) from None
 
 
 def finite(value):
@@ -87,17 +94,46 @@ THROUGHPUT = {
 }
 
 COLUMNS: tuple[Column, ...] = (
-    Column("name", "text", "full name: family/builder, e.g. timm/resnet50", size=255, nullable=False, unique=True,
-           searchable=True),
-    Column("short", "text", "the name without its family, for bare-name lookups", size=255, nullable=False,
-           indexed=True, searchable=True, public=False),
-    Column("family", "text", "timm, torchvision, hf, user or checkpoint", size=32, nullable=False, indexed=True,
-           searchable=True),
-    Column("builder", "text", "family-specific: timm model name, pkg.mod:fn, auto class, file path", size=255,
-           nullable=False, searchable=True),
+    Column(
+        "name",
+        "text",
+        "full name: family/builder, e.g. timm/resnet50",
+        size=255,
+        nullable=False,
+        unique=True,
+        searchable=True,
+    ),
+    Column(
+        "short",
+        "text",
+        "the name without its family, for bare-name lookups",
+        size=255,
+        nullable=False,
+        indexed=True,
+        searchable=True,
+        public=False,
+    ),
+    Column(
+        "family",
+        "text",
+        "timm, torchvision, hf, user or checkpoint",
+        size=32,
+        nullable=False,
+        indexed=True,
+        searchable=True,
+    ),
+    Column(
+        "builder",
+        "text",
+        "family-specific: timm model name, pkg.mod:fn, auto class, file path",
+        size=255,
+        nullable=False,
+        searchable=True,
+    ),
     Column("kwargs", "json", "the recipe's keyword arguments (a JSON object)", nullable=False, default="{}"),
-    Column("arch", "text", "the module's class, e.g. timm.models.resnet.ResNet", size=255, indexed=True,
-           searchable=True),
+    Column(
+        "arch", "text", "the module's class, e.g. timm.models.resnet.ResNet", size=255, indexed=True, searchable=True
+    ),
     Column("task", "text", "hub pipeline name, e.g. image-classification", size=64, indexed=True, searchable=True),
     Column("input_size", "shape", "documented input without the batch, e.g. [3, 224, 224]", size=64),
     Column("versions", "json", "library versions that built it, e.g. {torch, timm}", nullable=False, default="{}"),
@@ -109,64 +145,169 @@ COLUMNS: tuple[Column, ...] = (
     Column("param_bytes", "int", "bytes of parameters", searchable=True, unit="bytes"),
     Column("buffer_bytes", "int", "bytes of buffers", searchable=True, unit="bytes"),
     Column("bytes", "int", "bytes of parameters and buffers", indexed=True, searchable=True, unit="bytes"),
-    Column("status", "text", "ok, or error when the build failed", size=16, nullable=False, indexed=True,
-           searchable=True),
+    Column(
+        "status", "text", "ok, or error when the build failed", size=16, nullable=False, indexed=True, searchable=True
+    ),
     Column("error", "text", "why the build failed"),
-    Column("source_hash", "text", "recipe + library versions: unchanged means not rebuilt", size=64, nullable=False,
-           public=False),
+    Column(
+        "source_hash",
+        "text",
+        "recipe + library versions: unchanged means not rebuilt",
+        size=64,
+        nullable=False,
+        public=False,
+    ),
     Column("indexed_at", "datetime", "when it was recorded (UTC)", nullable=False),
-    Column("structure_digest", "text", "zoo.structure digest of the build and its analysis input: equal digests "
-           "share one analysis", size=64, indexed=True, public=False),
-    Column("flops", "int", "inference FLOPs at batch 1, 2 per multiply-accumulate", indexed=True, searchable=True,
-           unit="FLOPs", analysis=True),
-    Column("macs", "int", "multiply-accumulates at batch 1 (torchvision's 'GFLOPS')", searchable=True, unit="MACs",
-           analysis=True),
-    Column("train_activation_bytes", "int", "bytes autograd saves for backward, training mode, batch 1",
-           searchable=True, unit="bytes", analysis=True),
-    Column("peak_activation_bytes", "int", "peak live activation bytes, inference, batch 1", searchable=True,
-           unit="bytes", analysis=True),
+    Column(
+        "structure_digest",
+        "text",
+        "zoo.structure digest of the build and its analysis input: equal digests share one analysis",
+        size=64,
+        indexed=True,
+        public=False,
+    ),
+    Column(
+        "flops",
+        "int",
+        "inference FLOPs at batch 1, 2 per multiply-accumulate",
+        indexed=True,
+        searchable=True,
+        unit="FLOPs",
+        analysis=True,
+    ),
+    Column(
+        "macs",
+        "int",
+        "multiply-accumulates at batch 1 (torchvision's 'GFLOPS')",
+        searchable=True,
+        unit="MACs",
+        analysis=True,
+    ),
+    Column(
+        "train_activation_bytes",
+        "int",
+        "bytes autograd saves for backward, training mode, batch 1",
+        searchable=True,
+        unit="bytes",
+        analysis=True,
+    ),
+    Column(
+        "peak_activation_bytes",
+        "int",
+        "peak live activation bytes, inference, batch 1",
+        searchable=True,
+        unit="bytes",
+        analysis=True,
+    ),
     Column("output_shapes", "json", "the output: [[path, shape, dtype], ...]", analysis=True),
-    Column("scan_status", "text", "ok, error or no-input; empty: not analysed", size=16, searchable=True,
-           analysis=True),
+    Column(
+        "scan_status", "text", "ok, error or no-input; empty: not analysed", size=16, searchable=True, analysis=True
+    ),
     Column("scan_error", "text", "why the meta forward failed", analysis=True),
     # Pretrained variants: a row per published weights of an architecture.
-    Column("kind", "text", "architecture, or variant: an architecture with published weights", size=16,
-           nullable=False, indexed=True, searchable=True, default="architecture"),
-    Column("arch_name", "text", "the architecture row's name (an architecture's own name)", size=255,
-           indexed=True, searchable=True),
-    Column("tag", "text", "the weights' tag as the library names it, e.g. a1_in1k, IMAGENET1K_V2", size=128,
-           searchable=True),
-    Column("license", "text", "the weights' (or hub repo's) license, e.g. apache-2.0", size=64, indexed=True,
-           searchable=True),
-    Column("dataset", "text", "what the weights were trained on, as published, e.g. ImageNet-1K", size=128,
-           searchable=True),
-    Column("num_classes", "int", "classes of the classifier head the weights carry (0: features)",
-           searchable=True, unit="classes"),
+    Column(
+        "kind",
+        "text",
+        "architecture, or variant: an architecture with published weights",
+        size=16,
+        nullable=False,
+        indexed=True,
+        searchable=True,
+        default="architecture",
+    ),
+    Column(
+        "arch_name",
+        "text",
+        "the architecture row's name (an architecture's own name)",
+        size=255,
+        indexed=True,
+        searchable=True,
+    ),
+    Column(
+        "tag",
+        "text",
+        "the weights' tag as the library names it, e.g. a1_in1k, IMAGENET1K_V2",
+        size=128,
+        searchable=True,
+    ),
+    Column(
+        "license",
+        "text",
+        "the weights' (or hub repo's) license, e.g. apache-2.0",
+        size=64,
+        indexed=True,
+        searchable=True,
+    ),
+    Column(
+        "dataset", "text", "what the weights were trained on, as published, e.g. ImageNet-1K", size=128, searchable=True
+    ),
+    Column(
+        "num_classes",
+        "int",
+        "classes of the classifier head the weights carry (0: features)",
+        searchable=True,
+        unit="classes",
+    ),
     Column("weights_bytes", "int", "size of the published weights file", searchable=True, unit="bytes"),
-    Column("weights_source", "json", "where the weights come from: timm {hf_hub_id, hf_hub_filename, url}; "
-           "torchvision {url, sha256_prefix (the hex in the file name, as torch.hub checks it), file, and "
-           "ignore_prefixes: keys the file holds that the model drops}"),
-    Column("preprocess", "json", "input_size, test_input_size, crop_pct, test_crop_pct, crop_mode, interpolation, "
-           "mean, std (timm's pretrained cfg); torchvision: input_size = [3, crop], resize_size, crop_mode center, "
-           "crop_pct and test sizes empty"),
-    Column("load_args", "json", "timm: what create_model(NAME, pretrained=True) passes to load_pretrained (the "
-           "pretrained cfg, num_classes, in_chans, strict, the checkpoint filter as module:function with its "
-           "filter_kwargs) and the timm version that caught it; weights='pretrained' replays it, where it is what "
-           "timm would pass, instead of building the model twice"),
+    Column(
+        "weights_source",
+        "json",
+        "where the weights come from: timm {hf_hub_id, hf_hub_filename, url}; "
+        "torchvision {url, sha256_prefix (the hex in the file name, as torch.hub checks it), file, and "
+        "ignore_prefixes: keys the file holds that the model drops}",
+    ),
+    Column(
+        "preprocess",
+        "json",
+        "input_size, test_input_size, crop_pct, test_crop_pct, crop_mode, interpolation, "
+        "mean, std (timm's pretrained cfg); torchvision: input_size = [3, crop], resize_size, crop_mode center, "
+        "crop_pct and test sizes empty",
+    ),
+    Column(
+        "load_args",
+        "json",
+        "timm: what create_model(NAME, pretrained=True) passes to load_pretrained (the "
+        "pretrained cfg, num_classes, in_chans, strict, the checkpoint filter as module:function with its "
+        "filter_kwargs) and the timm version that caught it; weights='pretrained' replays it, where it is what "
+        "timm would pass, instead of building the model twice",
+    ),
     Column("card", "json", "published facts beyond the metrics: paper, recipe, origin, notes"),
     Column("metrics", "json", "every published metric, {dataset: {metric: value}}"),
-    Column("top1", "float", "top-1 accuracy on ImageNet-1k validation, as published", indexed=True,
-           searchable=True, unit="%"),
+    Column(
+        "top1",
+        "float",
+        "top-1 accuracy on ImageNet-1k validation, as published",
+        indexed=True,
+        searchable=True,
+        unit="%",
+    ),
     Column("top5", "float", "top-5 accuracy on ImageNet-1k validation, as published", searchable=True, unit="%"),
     # timm evaluates some tags twice: at input_size (top1, flops, ... pair) and at a larger test size
-    Column("test_top1", "float", "top-1 on ImageNet-1k validation at test_input_size (timm's larger test size), "
-           "where published; top1 is the result at input_size", searchable=True, unit="%"),
+    Column(
+        "test_top1",
+        "float",
+        "top-1 on ImageNet-1k validation at test_input_size (timm's larger test size), "
+        "where published; top1 is the result at input_size",
+        searchable=True,
+        unit="%",
+    ),
     Column("test_top5", "float", "top-5 at test_input_size, where published", searchable=True, unit="%"),
     Column("test_input_size", "shape", "the size test_top1 and test_flops are at, e.g. [3, 288, 288]", size=64),
-    Column("test_flops", "int", "inference FLOPs at batch 1 at test_input_size (measured on meta, as flops is at "
-           "input_size)", searchable=True, unit="FLOPs"),
-    Column("pretrain", "text", "the data the weights were pretrained on before ImageNet-1k, as timm publishes it "
-           "(in1k, in21k, in12k, laion2b, ...)", size=64, searchable=True),
+    Column(
+        "test_flops",
+        "int",
+        "inference FLOPs at batch 1 at test_input_size (measured on meta, as flops is at input_size)",
+        searchable=True,
+        unit="FLOPs",
+    ),
+    Column(
+        "pretrain",
+        "text",
+        "the data the weights were pretrained on before ImageNet-1k, as timm publishes it "
+        "(in1k, in21k, in12k, laion2b, ...)",
+        size=64,
+        searchable=True,
+    ),
     Column("real_top1", "float", "top-1 on ImageNet-ReaL labels", searchable=True, unit="%"),
     Column("real_top5", "float", "top-5 on ImageNet-ReaL labels", searchable=True, unit="%"),
     Column("v2_top1", "float", "top-1 on ImageNetV2 matched-frequency", searchable=True, unit="%"),
@@ -180,28 +321,47 @@ COLUMNS: tuple[Column, ...] = (
     Column("box_map", "float", "COCO val2017 box mAP", searchable=True, unit="%"),
     Column("mask_map", "float", "COCO val2017 mask mAP", searchable=True, unit="%"),
     Column("keypoint_map", "float", "COCO val2017 keypoint mAP", searchable=True, unit="%"),
-    Column("miou", "float", "segmentation mean IoU (COCO-val2017-VOC-labels for torchvision)", searchable=True,
-           unit="%"),
+    Column(
+        "miou", "float", "segmentation mean IoU (COCO-val2017-VOC-labels for torchvision)", searchable=True, unit="%"
+    ),
     Column("pixel_acc", "float", "segmentation pixel accuracy", searchable=True, unit="%"),
     Column("k400_top1", "float", "top-1 on Kinetics-400 (video clips)", searchable=True, unit="%"),
     Column("k400_top5", "float", "top-5 on Kinetics-400", searchable=True, unit="%"),
     # Language models: from the built module and its config.
     Column("inputs", "json", "the input spec analysis ran with: [{name, shape, dtype}, ...]", analysis=True),
-    Column("active_params", "int", "parameters used per token (MoE: shared + routed top-k; dense: params)",
-           indexed=True, searchable=True, unit="elements"),
-    Column("kv_bytes_per_token", "int", "KV-cache bytes per token at the config dtype, all layers",
-           searchable=True, unit="bytes"),
-    Column("flops_per_token", "int", "prefill FLOPs per token at the input spec's length", searchable=True,
-           unit="FLOPs", analysis=True),
+    Column(
+        "active_params",
+        "int",
+        "parameters used per token (MoE: shared + routed top-k; dense: params)",
+        indexed=True,
+        searchable=True,
+        unit="elements",
+    ),
+    Column(
+        "kv_bytes_per_token",
+        "int",
+        "KV-cache bytes per token at the config dtype, all layers",
+        searchable=True,
+        unit="bytes",
+    ),
+    Column(
+        "flops_per_token",
+        "int",
+        "prefill FLOPs per token at the input spec's length",
+        searchable=True,
+        unit="FLOPs",
+        analysis=True,
+    ),
     Column("context_length", "int", "maximum positions the config allows", searchable=True, unit="tokens"),
-    Column("sliding_window", "int", "attention window of sliding-window layers, where any", searchable=True,
-           unit="tokens"),
-    Column("layers", "int", "transformer layers (decoder layers for encoder-decoder)", searchable=True,
-           unit="layers"),
+    Column(
+        "sliding_window", "int", "attention window of sliding-window layers, where any", searchable=True, unit="tokens"
+    ),
+    Column("layers", "int", "transformer layers (decoder layers for encoder-decoder)", searchable=True, unit="layers"),
     Column("hidden_size", "int", "model width", searchable=True, unit="elements"),
     Column("heads", "int", "attention (query) heads", searchable=True, unit="heads"),
-    Column("kv_heads", "int", "key/value heads (grouped-query attention: fewer than heads)", searchable=True,
-           unit="heads"),
+    Column(
+        "kv_heads", "int", "key/value heads (grouped-query attention: fewer than heads)", searchable=True, unit="heads"
+    ),
     Column("vocab_size", "int", "tokenizer vocabulary", searchable=True, unit="tokens"),
     Column("experts", "int", "routed experts per MoE layer (0: dense)", searchable=True, unit="experts"),
     Column("experts_per_token", "int", "routed experts each token uses", searchable=True, unit="experts"),
@@ -210,14 +370,31 @@ COLUMNS: tuple[Column, ...] = (
     Column("likes", "int", "hub likes when indexed", searchable=True, unit="likes"),
     Column("gated", "text", "hub gating: false, auto or manual", size=16, searchable=True),
     Column("last_modified", "datetime", "hub repo's last modification"),
-    Column("hub_params", "int", "the hub's parameter count from the safetensors metadata", searchable=True,
-           unit="elements"),
+    Column(
+        "hub_params", "int", "the hub's parameter count from the safetensors metadata", searchable=True, unit="elements"
+    ),
     # timm's published throughput (catalog/timm-results/benchmark-*.csv), at the row's own input size only
-    *(col for name, doc in THROUGHPUT.items() for col in (
-        Column(name, "float", f"{doc}, at the row's input_size, as timm published it; empty where it was not "
-               "measured at that size", searchable=True, unit="samples/s"),
-        Column(f"{name}_batch", "int", f"the batch size {name} was measured at", wide=False, searchable=True,
-               unit="samples"))),
+    *(
+        col
+        for name, doc in THROUGHPUT.items()
+        for col in (
+            Column(
+                name,
+                "float",
+                f"{doc}, at the row's input_size, as timm published it; empty where it was not measured at that size",
+                searchable=True,
+                unit="samples/s",
+            ),
+            Column(
+                f"{name}_batch",
+                "int",
+                f"the batch size {name} was measured at",
+                wide=False,
+                searchable=True,
+                unit="samples",
+            ),
+        )
+    ),
 )
 
 BY_NAME = {c.name: c for c in COLUMNS}
@@ -239,11 +416,17 @@ def check_name(name, new: bool = False) -> str:
     from zoo.errors import InvalidArgument
 
     if not isinstance(name, str):
-        raise InvalidArgument(f"a model name is a string such as 'timm/resnet50', not {type(name).__name__} {name!r:.80}")
+        raise InvalidArgument(
+            f"a model name is a string such as 'timm/resnet50', not {type(name).__name__} {name!r:.80}"
+        )
     if new and not (len(name) <= 255 and NAME_CHARACTERS.fullmatch(name)):
-        raise InvalidArgument(f"a model name is 1 to 255 ASCII letters, digits and . _ - +, in parts joined by '/' "
-                              f"and not only dots (such as user/my_net-v2), not {name!r:.300}")
+        raise InvalidArgument(
+            f"a model name is 1 to 255 ASCII letters, digits and . _ - +, in parts joined by '/' "
+            f"and not only dots (such as user/my_net-v2), not {name!r:.300}"
+        )
     return name
+
+
 # Searchable field -> "number" or "string"; each is the registry column of the same name.
 SEARCH_FIELDS: dict[str, str] = {c.name: c.search_type for c in COLUMNS if c.searchable}
 PUBLIC = tuple(c for c in COLUMNS if c.public)

@@ -9,7 +9,8 @@ DEFAULT_REGISTRY = (Path(__file__).parent / "registry.db").resolve()
 
 
 def registry_url(value: str | os.PathLike | None = None) -> str:
-    """A registry's SQLAlchemy URL from a URL or a file path; without one, ZOO_REGISTRY, else the shipped registry.db."""
+    """A registry's SQLAlchemy URL from a URL or a file path; without one, ZOO_REGISTRY, else the shipped
+    registry.db."""
     value = str(value if value is not None else os.environ.get("ZOO_REGISTRY", "")).strip()
     if not value:
         return f"sqlite:///{DEFAULT_REGISTRY}"
@@ -24,8 +25,11 @@ def registry_named(value: str | os.PathLike | None = None) -> bool:
 def user_registry() -> Path:
     """A user's own registry, where the refusal below points: $XDG_DATA_HOME/zoo/registry.db, else
     ~/.local/share/zoo/registry.db."""
-    return Path(os.environ.get("XDG_DATA_HOME", "").strip() or Path.home() / ".local" / "share").expanduser() / "zoo" \
+    return (
+        Path(os.environ.get("XDG_DATA_HOME", "").strip() or Path.home() / ".local" / "share").expanduser()
+        / "zoo"
         / "registry.db"
+    )
 
 
 def refuse_unnamed_write():
@@ -34,10 +38,12 @@ def refuse_unnamed_write():
     from zoo.errors import RegistryError
 
     mine = user_registry()
-    raise RegistryError(f"the shipped registry {DEFAULT_REGISTRY} is read-only to zoo unless it is named. Write to "
-                        f"a registry of your own: `mkdir -p {mine.parent} && zoo db copy {DEFAULT_REGISTRY} {mine}`, "
-                        f"then `export ZOO_REGISTRY={mine}` (or --registry {mine}; zoo.connect(PATH) in Python). To "
-                        f"change the shipped file itself, name it: --registry {DEFAULT_REGISTRY}")
+    raise RegistryError(
+        f"the shipped registry {DEFAULT_REGISTRY} is read-only to zoo unless it is named. Write to "
+        f"a registry of your own: `mkdir -p {mine.parent} && zoo db copy {DEFAULT_REGISTRY} {mine}`, "
+        f"then `export ZOO_REGISTRY={mine}` (or --registry {mine}; zoo.connect(PATH) in Python). To "
+        f"change the shipped file itself, name it: --registry {DEFAULT_REGISTRY}"
+    )
 
 
 def trusted_modules() -> set[str]:

@@ -1,4 +1,5 @@
-"""A build's outermost constructor call: a pretrained variant whose call equals its architecture's builds the same module.
+"""A build's outermost constructor call: a pretrained variant whose call equals its architecture's builds the same
+module.
 
 timm's builders turn a tag ("resnet50.a1_in1k") into constructor arguments (num_classes, in_chans, img_size, ...)
 and then construct the model class with them, once. Two builds that reach that construction with equal class and
@@ -56,7 +57,9 @@ def watch(stop_at: str | None = None):
         if not isinstance(instance, nn.Module):
             return
         sys.setprofile(None)
-        count = code.co_argcount + code.co_kwonlyargcount + bool(code.co_flags & _VARARGS) + bool(code.co_flags & _VARKW)
+        count = (
+            code.co_argcount + code.co_kwonlyargcount + bool(code.co_flags & _VARARGS) + bool(code.co_flags & _VARKW)
+        )
         arguments = {name: frame.f_locals[name] for name in code.co_varnames[1:count]}
         try:
             seen.call = stable_description((type(instance), arguments))

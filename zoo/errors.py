@@ -181,7 +181,10 @@ def reason(e: BaseException) -> str:
     if len(message) > 300:
         message = message[:300] + "..."
     frames = traceback.extract_tb(e.__traceback__) if e.__traceback__ else []
-    model = [f for f in frames if "/torch/" not in f.filename and "/zoo/" not in f.filename
-             and "/site-packages/" in f.filename]
+    model = [
+        f
+        for f in frames
+        if "/torch/" not in f.filename and "/zoo/" not in f.filename and "/site-packages/" in f.filename
+    ]
     at = f" (at {model[-1].filename.rsplit('/site-packages/', 1)[-1]}:{model[-1].lineno})" if model else ""
     return f"{type(e).__name__}: {message}{at}"

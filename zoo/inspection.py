@@ -15,7 +15,16 @@ class TensorInfo:
     tied_to: str | None = None  # the first name of the same tensor, when this name is an alias
 
     def to_row(self) -> list:
-        return [self.name, self.kind, self.persistent, list(self.shape), self.dtype, self.numel, self.bytes, self.tied_to]
+        return [
+            self.name,
+            self.kind,
+            self.persistent,
+            list(self.shape),
+            self.dtype,
+            self.numel,
+            self.bytes,
+            self.tied_to,
+        ]
 
     @classmethod
     def from_row(cls, row: list) -> "TensorInfo":
@@ -56,8 +65,18 @@ def inspect_module(module) -> Summary:
             persistent = kind == "parameter" or local not in owner._non_persistent_buffers_set
             nbytes = tensor.numel() * tensor.element_size()
             tied_to = first_name.get(id(tensor))
-            table.append(TensorInfo(name, kind, persistent, tuple(tensor.shape), dtype_name(tensor.dtype),
-                                    tensor.numel(), nbytes, tied_to))
+            table.append(
+                TensorInfo(
+                    name,
+                    kind,
+                    persistent,
+                    tuple(tensor.shape),
+                    dtype_name(tensor.dtype),
+                    tensor.numel(),
+                    nbytes,
+                    tied_to,
+                )
+            )
             if tied_to is not None:
                 continue
             first_name[id(tensor)] = name

@@ -35,6 +35,7 @@ def row_of(url: str, name: str, tensors: bool = False) -> tuple[ModelInfo, str]:
 
 # --- what weights= names ----------------------------------------------------------------------
 
+
 @dataclass(frozen=True)
 class WeightsRef:
     """What a weights= argument names. kind: "init" (None: the constructor initializes), "given" (a state
@@ -70,8 +71,10 @@ def weights_file(url: str, name: str, weights) -> WeightsRef:
     if not isinstance(weights, str):
         return WeightsRef("given", weights)
     if weights == "pretrained":  # no one file: timm's filters need the module (see zoo.pretrained)
-        raise InvalidArgument("weights='pretrained' loads through zoo.get(name, weights='pretrained') or "
-                              ".materialize(weights='pretrained'); it names no single file to check")
+        raise InvalidArgument(
+            "weights='pretrained' loads through zoo.get(name, weights='pretrained') or "
+            ".materialize(weights='pretrained'); it names no single file to check"
+        )
     if weights.startswith("hf://"):
         from zoo.weights.hub import resolve_hub_weights
 
@@ -85,8 +88,10 @@ def weights_file(url: str, name: str, weights) -> WeightsRef:
     if entry is None:
         if "." in weights or _exists(weights):  # a file, or a directory (save_pretrained's, DCP's, shards)
             return WeightsRef("path", weights)
-        raise CheckpointError(f"{weights!r} is neither a file nor a weights tag of {name} "
-                              f"(tags: {', '.join(w['tag'] for w in recorded) or 'none; add one with `zoo weights add`'})")
+        raise CheckpointError(
+            f"{weights!r} is neither a file nor a weights tag of {name} "
+            f"(tags: {', '.join(w['tag'] for w in recorded) or 'none; add one with `zoo weights add`'})"
+        )
     verify(entry["path"], entry["sha256"])
     return WeightsRef("tag", entry["path"], weights, entry["sha256"])
 
@@ -132,6 +137,7 @@ def _exists(path: str) -> bool:
 
 # --- what zoo.get binds to a module -------------------------------------------------------------
 
+
 def bind(module, state: ZooState):
     """Give a built meta module its zoo state and its .materialize; returns the module."""
     set_state(module, state)
@@ -157,18 +163,37 @@ class Materializer:
         self.incompatible_keys = None
         self.pending: LazyLoad | None = None
 
-    def __call__(self, device="cpu", weights=None, dtype=None, strict=True, key_map=None, copy=None,
-                 cast_non_persistent=False, reinit=False, only_meta=False):
+    def __call__(
+        self,
+        device="cpu",
+        weights=None,
+        dtype=None,
+        strict=True,
+        key_map=None,
+        copy=None,
+        cast_non_persistent=False,
+        reinit=False,
+        only_meta=False,
+    ):
         from zoo.materialize import load_into
         from zoo.pretrained import pretrained_source
 
         state = state_of(self.module)
         if state is None:
-            raise MaterializeError("this module has no zoo state (its '_zoo' attribute was removed): get it again "
-                                   "with zoo.get, or use zoo.materialize.materialize with weights=")
+            raise MaterializeError(
+                "this module has no zoo state (its '_zoo' attribute was removed): get it again "
+                "with zoo.get, or use zoo.materialize.materialize with weights="
+            )
         ref = resolve_weights(weights, state)
-        options = dict(device=device, dtype=dtype, copy=copy, cast_non_persistent=cast_non_persistent,
-                       recipe=state.recipe, reinit=reinit, only_meta=only_meta)
+        options = dict(
+            device=device,
+            dtype=dtype,
+            copy=copy,
+            cast_non_persistent=cast_non_persistent,
+            recipe=state.recipe,
+            reinit=reinit,
+            only_meta=only_meta,
+        )
         if ref.kind == "pretrained":
             if key_map is not None:
                 raise InvalidArgument("weights='pretrained' maps keys as the library does: key_map does not apply")

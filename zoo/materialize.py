@@ -10,19 +10,19 @@ import torch
 from torch import nn
 from torch.nn.modules.module import _IncompatibleKeys as IncompatibleKeys  # load_state_dict's
 
+from zoo.dtypes import float_dtype
 from zoo.errors import CheckpointError, InvalidArgument, MaterializeError, WeightsMismatch
 from zoo.families.hf_keys import hf_key_map, is_transformers_model
-from zoo.dtypes import float_dtype
 from zoo.inspection import dtype_name
 from zoo.meta import value_of
 from zoo.plain_tensors import plain_tensor_values
 from zoo.state import state_of
+from zoo.weights.alloc import allocate, map_private, parallel, populate
 from zoo.weights.fit import Fit, Target, fit
 from zoo.weights.opening import open_source
-from zoo.weights.sources import SafetensorsSource, Source
-from zoo.weights.alloc import allocate, map_private, parallel, populate
 from zoo.weights.placement import leading_rows
 from zoo.weights.slots import Slot, like, slots_of
+from zoo.weights.sources import SafetensorsSource, Source
 from zoo.weights.stream import stream_into
 
 STREAMED = ("cuda",)  # device types that safetensors files stream onto through a ring of pinned buffers
@@ -31,9 +31,19 @@ STREAMED = ("cuda",)  # device types that safetensors files stream onto through 
 VIEW_ALIGNMENT = 64
 
 
-def materialize(module: nn.Module, device="cpu", weights=None, dtype: torch.dtype | str | None = None,
-                strict: bool = True, key_map=None, copy: bool | None = None, cast_non_persistent: bool = False,
-                recipe=None, reinit: bool = False, only_meta: bool = False) -> nn.Module:
+def materialize(
+    module: nn.Module,
+    device="cpu",
+    weights=None,
+    dtype: torch.dtype | str | None = None,
+    strict: bool = True,
+    key_map=None,
+    copy: bool | None = None,
+    cast_non_persistent: bool = False,
+    recipe=None,
+    reinit: bool = False,
+    only_meta: bool = False,
+) -> nn.Module:
     """Allocate `module`'s meta tensors on `device` and fill them, in place; returns module (load_into
     does the same and returns the missing and unexpected keys, as load_state_dict does).
 
@@ -72,14 +82,26 @@ def materialize(module: nn.Module, device="cpu", weights=None, dtype: torch.dtyp
     return module
 
 
-def load_into(module: nn.Module, device="cpu", weights=None, dtype=None, strict: bool = True, key_map=None,
-              copy: bool | None = None, cast_non_persistent: bool = False, recipe=None, reinit: bool = False,
-              only_meta: bool = False) -> IncompatibleKeys:
+def load_into(
+    module: nn.Module,
+    device="cpu",
+    weights=None,
+    dtype=None,
+    strict: bool = True,
+    key_map=None,
+    copy: bool | None = None,
+    cast_non_persistent: bool = False,
+    recipe=None,
+    reinit: bool = False,
+    only_meta: bool = False,
+) -> IncompatibleKeys:
     """materialize, returning the missing and unexpected keys (empty unless strict=False), as
     load_state_dict does."""
     if copy is False and str(device).split(":")[0] != "cpu":
-        raise InvalidArgument(f"copy=False makes tensors views of the file mapped in CPU memory; on {device} they "
-                              f"are always copied: leave copy unset")
+        raise InvalidArgument(
+            f"copy=False makes tensors views of the file mapped in CPU memory; on {device} they "
+            f"are always copied: leave copy unset"
+        )
     # an integer dtype would fail in the swap (an integer parameter cannot require grad): refused first
     device, dtype = _device(device), None if dtype is None else float_dtype(dtype)
     if device.type == "cuda" and device.index is None:
@@ -93,8 +115,10 @@ def load_into(module: nn.Module, device="cpu", weights=None, dtype=None, strict:
         raise InvalidArgument("reinit=True re-initializes from the constructor: it takes no weights")
     held = [s.name for s in slots if s.is_param and not s.tensor.is_meta] if weights is None else []
     if held and not reinit:
-        raise MaterializeError(f"the module already holds values ({_names(held)}); materialize() without weights "
-                               f"would re-initialize them: pass reinit=True to do that, or weights=")
+        raise MaterializeError(
+            f"the module already holds values ({_names(held)}); materialize() without weights "
+            f"would re-initialize them: pass reinit=True to do that, or weights="
+        )
     result = Fit()
     try:
         if weights is None:
@@ -103,8 +127,20 @@ def load_into(module: nn.Module, device="cpu", weights=None, dtype=None, strict:
             if key_map is None:  # transformers' own renames and expert fusing, as from_pretrained does
                 key_map = hf_key_map(module, [n for s in slots_of(module) for n in s.names])
             with open_source(weights) as source:
-                result = _load(slots, source, device, dtype, strict, key_map, copy, cast_non_persistent, recipe,
-                               kept, state.ties if state else (), _view_alignment(module))
+                result = _load(
+                    slots,
+                    source,
+                    device,
+                    dtype,
+                    strict,
+                    key_map,
+                    copy,
+                    cast_non_persistent,
+                    recipe,
+                    kept,
+                    state.ties if state else (),
+                    _view_alignment(module),
+                )
         _fill_non_persistent(slots, device, recipe)
         for slot in slots:
             want = _target_dtype(slot, dtype, cast_non_persistent)
@@ -149,8 +185,10 @@ def _target_dtype(slot: Slot, dtype, cast_non_persistent: bool) -> torch.dtype:
 
 # --- weights ---------------------------------------------------------------------------------
 
-def check_fit(slots: list[Slot], specs: dict, strict: bool, key_map=None, ignore=frozenset(),
-              ties=()) -> tuple[list, Fit]:
+
+def check_fit(
+    slots: list[Slot], specs: dict, strict: bool, key_map=None, ignore=frozenset(), ties=()
+) -> tuple[list, Fit]:
     """The loading plan ((checkpoint key, slot) pairs; a key may fill two slots: a tie that sharding broke)
     and the fit, or WeightsMismatch naming what is missing, unexpected or misshaped. A dtype difference is
     fine: the value is cast. Keys naming `ignore` (tensors a lazy load leaves as they are) are neither loaded
@@ -159,17 +197,31 @@ def check_fit(slots: list[Slot], specs: dict, strict: bool, key_map=None, ignore
     result = fit(targets, specs, key_map, ignore, ties)
     if result.misshaped or (strict and (result.missing or result.unexpected)):
         hint = "strict=False allows missing and unexpected keys" if not result.misshaped and strict else ""
-        raise WeightsMismatch(result.missing if strict else [], result.unexpected if strict else [],
-                              result.misshaped, hint)
+        raise WeightsMismatch(
+            result.missing if strict else [], result.unexpected if strict else [], result.misshaped, hint
+        )
     if not result.matched and result.missing:  # strict=False would initialize everything: surely not meant
-        raise WeightsMismatch(result.missing, result.unexpected, [], "not one key matches: wrong file, or give "
-                              "a key_map")
+        raise WeightsMismatch(
+            result.missing, result.unexpected, [], "not one key matches: wrong file, or give a key_map"
+        )
     pairs = [*result.matched.items(), *((key, i) for i, key in result.untied.items())]
     return [(key, slots[i]) for key, i in pairs], result
 
 
-def _load(slots, source: Source, device, dtype, strict, key_map, copy, cast_non_persistent, recipe,
-          ignore=frozenset(), ties=(), alignment=VIEW_ALIGNMENT) -> Fit:
+def _load(
+    slots,
+    source: Source,
+    device,
+    dtype,
+    strict,
+    key_map,
+    copy,
+    cast_non_persistent,
+    recipe,
+    ignore=frozenset(),
+    ties=(),
+    alignment=VIEW_ALIGNMENT,
+) -> Fit:
     pairs, result = check_fit(slots, source.specs, strict, key_map, ignore, ties)
     parts = {key: (slot, result.parts[key]) for key, slot in pairs if key in result.parts}  # each fills part of one
     plan = [(key, slot) for key, slot in pairs if key not in result.parts]  # (key, slot): each fills a whole tensor
@@ -184,8 +236,10 @@ def _load(slots, source: Source, device, dtype, strict, key_map, copy, cast_non_
         insist = copy is False
         plan = _map_file_views(plan, source, dtype, cast_non_persistent, insist, None if insist else alignment)
     if copy is False and (plan or parts):
-        raise InvalidArgument(f"copy=False: {_names([k for k, _ in plan] + [*parts])} cannot be views of the file (a "
-                              f"cast, a pickle, misaligned, fused or strided tensors): leave copy unset to copy those")
+        raise InvalidArgument(
+            f"copy=False: {_names([k for k, _ in plan] + [*parts])} cannot be views of the file (a "
+            f"cast, a pickle, misaligned, fused or strided tensors): leave copy unset to copy those"
+        )
     _allocate_slots([*(s for _, s in plan), *fused], device, dtype, cast_non_persistent)
     # (key, slot, part): no local holds a new tensor (a traceback keeps its frames' locals; on an error the
     # slots must be the only holders)
@@ -194,11 +248,22 @@ def _load(slots, source: Source, device, dtype, strict, key_map, copy, cast_non_
     if device.type in STREAMED and isinstance(source, SafetensorsSource):
         # contiguous byte ranges stream through the pinned ring; a box strided in the file is read on the host
         strided = [part is None and _rows(key, slot.box, source) is False for key, slot, part in reads]
-        stream_into([(key, dest, _rows(key, box, source)) for (key, slot, part), host in zip(reads, strided)
-                     if not host for dest, box in _destinations(key, slot, part)], source, device)
+        stream_into(
+            [
+                (key, dest, _rows(key, box, source))
+                for (key, slot, part), host in zip(reads, strided)
+                if not host
+                for dest, box in _destinations(key, slot, part)
+            ],
+            source,
+            device,
+        )
         reads = [read for read, host in zip(reads, strided) if host]
-    parallel(lambda read: _read(source, *read), reads,
-             lambda read: read[1].new.nbytes // (1 if read[2] is None else read[1].local_shape[0] * read[2].pieces))
+    parallel(
+        lambda read: _read(source, *read),
+        reads,
+        lambda read: read[1].new.nbytes // (1 if read[2] is None else read[1].local_shape[0] * read[2].pieces),
+    )
     source.check_unchanged()
     if missing:  # strict=False: the constructor's own values, as if these keys were never asked for
         _from_constructor(missing, device, recipe, constructed)
@@ -226,18 +291,22 @@ def _piece(key: str, slot: Slot, part) -> list[torch.Tensor]:
     rank holds that expert). Contiguous: a row of dim 0, cut along the next dim."""
     rows = leading_rows(slot.box, tuple(slot.tensor.shape))
     if rows is False:
-        raise MaterializeError(f"{key} fills part of {slot.name}, which is sharded on a dim other than its experts' "
-                               f"(dim 0): materialize it before sharding it that way")
+        raise MaterializeError(
+            f"{key} fills part of {slot.name}, which is sharded on a dim other than its experts' "
+            f"(dim 0): materialize it before sharding it that way"
+        )
     start, stop = rows or (0, slot.local_shape[0])
     if not start <= part.index < stop:
         return []
-    return list(slot.new[part.index - start].chunk(part.pieces))[part.piece:part.piece + 1]
+    return list(slot.new[part.index - start].chunk(part.pieces))[part.piece : part.piece + 1]
+
 
 def _allocate_slots(slots, device, dtype, cast_non_persistent) -> None:
     """Each slot's new, empty tensor. A function of its own so that no local variable holds one: a
     traceback keeps its frames' locals, and on an error the slots must be the only holders (device memory)."""
-    for slot, new in zip(slots, allocate([(s.local_shape, _target_dtype(s, dtype, cast_non_persistent))
-                                          for s in slots], device)):
+    for slot, new in zip(
+        slots, allocate([(s.local_shape, _target_dtype(s, dtype, cast_non_persistent)) for s in slots], device)
+    ):
         slot.new = new
 
 
@@ -259,8 +328,12 @@ def _map_file_views(plan, source: SafetensorsSource, dtype, cast_non_persistent,
         rows = _rows(key, slot.box, source)
         file_dtype = getattr(torch, source.specs[key].dtype)
         fd, start, length = source.byte_range(key, rows or None)
-        if (rows is False or start % (alignment or file_dtype.itemsize) or length == 0
-                or _target_dtype(slot, dtype, cast_non_persistent) != file_dtype):
+        if (
+            rows is False
+            or start % (alignment or file_dtype.itemsize)
+            or length == 0
+            or _target_dtype(slot, dtype, cast_non_persistent) != file_dtype
+        ):
             rest.append((key, slot))
             continue
         uses[key] = use = uses.get(key, -1) + 1
@@ -284,6 +357,7 @@ def _map_file_views(plan, source: SafetensorsSource, dtype, cast_non_persistent,
 
 # --- values nobody loads: non-persistent buffers, initialization -----------------------------
 
+
 def _fill_non_persistent(slots, device, recipe) -> None:
     """Non-persistent buffers are in no checkpoint: they get the values their constructor computed,
     kept beside the meta build (zoo.meta shadows), or from a rebuild that keeps every value."""
@@ -306,15 +380,19 @@ def _constructed(todo: list[Slot], recipe) -> dict[str, Slot]:
     from zoo.build import build_meta
 
     if recipe is None:
-        raise MaterializeError(f"no value for {_names([s.name for s in todo])}: they are in no checkpoint, and "
-                               f"this module has no recipe to rebuild them (get it with zoo.get)")
+        raise MaterializeError(
+            f"no value for {_names([s.name for s in todo])}: they are in no checkpoint, and "
+            f"this module has no recipe to rebuild them (get it with zoo.get)"
+        )
     with torch.random.fork_rng(devices=[]):  # the caller's RNG state is for the constructor's own init
         built = {name: s for s in slots_of(build_meta(recipe, keep_all_values=True)) for name in s.names}
     unknown = [s.name for s in todo if s.name not in built]
     if unknown:
-        raise MaterializeError(f"no value for {_names(unknown)}: the model's constructor does not make them (added "
-                               f"after zoo.get?) and the weights do not hold them; load them from weights, or "
-                               f"materialize that submodule yourself (to_empty, then initialize it)")
+        raise MaterializeError(
+            f"no value for {_names(unknown)}: the model's constructor does not make them (added "
+            f"after zoo.get?) and the weights do not hold them; load them from weights, or "
+            f"materialize that submodule yourself (to_empty, then initialize it)"
+        )
     return built
 
 

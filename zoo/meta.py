@@ -13,20 +13,62 @@ META = torch.device("meta")
 
 # In-place methods whose names end in "_" but change a tensor's metadata, not its values:
 # these must still run on meta, or shapes and requires_grad would be wrong.
-_METADATA_INPLACE = frozenset({
-    "requires_grad_", "resize_", "resize_as_", "squeeze_", "unsqueeze_", "t_", "transpose_",
-    "swapdims_", "swapaxes_", "as_strided_", "set_", "share_memory_", "detach_", "rename_",
-    "_coalesced_", "retain_grad", "module_load",
-})
+_METADATA_INPLACE = frozenset(
+    {
+        "requires_grad_",
+        "resize_",
+        "resize_as_",
+        "squeeze_",
+        "unsqueeze_",
+        "t_",
+        "transpose_",
+        "swapdims_",
+        "swapaxes_",
+        "as_strided_",
+        "set_",
+        "share_memory_",
+        "detach_",
+        "rename_",
+        "_coalesced_",
+        "retain_grad",
+        "module_load",
+    }
+)
 _MOVES = {torch.Tensor.to, torch.Tensor.cuda, torch.Tensor.cpu}
 # Ops whose values are random: their results get no shadow, and running them on CPU beside
 # the meta build would move the global RNG state.
-_RANDOM = frozenset({
-    "rand", "randn", "randint", "randperm", "rand_like", "randn_like", "randint_like", "normal",
-    "bernoulli", "multinomial", "poisson", "uniform_", "normal_", "random_", "bernoulli_",
-    "exponential_", "geometric_", "log_normal_", "cauchy_", "trunc_normal_", "dropout", "dropout_",
-    "xavier_uniform_", "xavier_normal_", "kaiming_uniform_", "kaiming_normal_", "orthogonal_", "sparse_",
-})
+_RANDOM = frozenset(
+    {
+        "rand",
+        "randn",
+        "randint",
+        "randperm",
+        "rand_like",
+        "randn_like",
+        "randint_like",
+        "normal",
+        "bernoulli",
+        "multinomial",
+        "poisson",
+        "uniform_",
+        "normal_",
+        "random_",
+        "bernoulli_",
+        "exponential_",
+        "geometric_",
+        "log_normal_",
+        "cauchy_",
+        "trunc_normal_",
+        "dropout",
+        "dropout_",
+        "xavier_uniform_",
+        "xavier_normal_",
+        "kaiming_uniform_",
+        "kaiming_normal_",
+        "orthogonal_",
+        "sparse_",
+    }
+)
 _NO_VALUE = _RANDOM | {"empty", "empty_strided", "empty_permuted", "empty_quantized"}
 SHADOW_LIMIT = 1 << 20  # elements; larger constructed tensors stay value-less meta
 # Tensors one build may construct: the largest real models make tens of thousands (switch-c-2048's experts about
@@ -36,11 +78,20 @@ MAX_TENSORS = 150_000
 _OVERWRITES = frozenset({"zero_", "fill_", "copy_", "ones_", "zeros_", "constant_", "fill_diagonal_"})
 _DATA_GET = torch.Tensor.data.__get__
 # Calls that read metadata or set grad mode: no tensor in, none out that a shadow or the device could change
-_QUERIES = frozenset({
-    torch._C._set_grad_enabled, torch.Tensor.dim, torch.Tensor.size, torch.Tensor.is_contiguous,
-    torch.Tensor.shape.__get__, torch.Tensor.dtype.__get__, torch.Tensor.device.__get__,
-    torch.Tensor.requires_grad.__get__, torch.Tensor.is_meta.__get__, torch.Tensor.ndim.__get__,
-})
+_QUERIES = frozenset(
+    {
+        torch._C._set_grad_enabled,
+        torch.Tensor.dim,
+        torch.Tensor.size,
+        torch.Tensor.is_contiguous,
+        torch.Tensor.shape.__get__,
+        torch.Tensor.dtype.__get__,
+        torch.Tensor.device.__get__,
+        torch.Tensor.requires_grad.__get__,
+        torch.Tensor.is_meta.__get__,
+        torch.Tensor.ndim.__get__,
+    }
+)
 _ALIAS_OF = "_zoo_alias_of"
 # A shadow rides on its meta tensor as an attribute: it dies with the tensor, and a weak
 # dictionary's callbacks were a tenth of a build's time.
@@ -112,8 +163,12 @@ class ForceMeta(TorchFunctionMode):
         """A value write into a meta tensor with no known value: skipped, except that a write which
         sets every element from known values (``zero_``, ``fill_``, ``copy_``) gives it one."""
         others = [t for t in _tensors(args[1:], kwargs) if t.is_meta]
-        if (name not in _OVERWRITES or target._base is not None or target.numel() > self.shadow_limit
-                or any(value_of(t) is None for t in others)):
+        if (
+            name not in _OVERWRITES
+            or target._base is not None
+            or target.numel() > self.shadow_limit
+            or any(value_of(t) is None for t in others)
+        ):
             _set_shadow(target, None)
             return
         value = torch.empty(target.shape, dtype=target.dtype)
@@ -139,8 +194,10 @@ class ForceMeta(TorchFunctionMode):
     def _construct(self, func, name, args, kwargs):
         self.constructed += 1
         if self.constructed > MAX_TENSORS:
-            raise InvalidRecipe(f"the build constructed more than {MAX_TENSORS:,} tensors, more than any real model: "
-                                f"a layer or expert count out of bounds?")
+            raise InvalidRecipe(
+                f"the build constructed more than {MAX_TENSORS:,} tensors, more than any real model: "
+                f"a layer or expert count out of bounds?"
+            )
         out = func(*args, **{**kwargs, "device": META})
         if name not in _NO_VALUE and isinstance(out, torch.Tensor) and out.numel() <= self.shadow_limit:
             _set_shadow(out, func(*args, **{**kwargs, "device": "cpu"}))
@@ -192,6 +249,7 @@ class ForceMeta(TorchFunctionMode):
 def _sized_by_values(name: str, args, kwargs) -> tuple[tuple[int, ...], torch.dtype] | None:
     """The output shape and dtype of an op whose size its inputs' values decide, from their shadows, for the
     ops whose size no input bounds (a repeat count of 2**31 made a 17 GB real tensor beside a meta build)."""
+
     def value(t):
         return value_of(t) if isinstance(t, torch.Tensor) and t.is_meta else t
 
@@ -218,7 +276,9 @@ def _sized_by_values(name: str, args, kwargs) -> tuple[tuple[int, ...], torch.dt
             classes = arg(1, "num_classes", -1)
             return (*values.shape, top if classes == -1 else classes), torch.int64
         weights = arg(1, "weights")
-        dtype = torch.int64 if weights is None else (weights.dtype if weights.dtype.is_floating_point else torch.float64)
+        dtype = (
+            torch.int64 if weights is None else (weights.dtype if weights.dtype.is_floating_point else torch.float64)
+        )
         return (max(top, arg(2, "minlength", 0)),), dtype
     return None
 
@@ -273,7 +333,7 @@ def force_meta(shadow_limit: int = SHADOW_LIMIT):
 @contextlib.contextmanager
 def real():
     """Suspend forced meta for code that needs real tensors (values it reads with .item(), tables, ...)."""
-    from torch.overrides import _pop_mode_temporarily, _get_current_function_mode_stack
+    from torch.overrides import _get_current_function_mode_stack, _pop_mode_temporarily
 
     stack = _get_current_function_mode_stack()
     if not any(isinstance(m, ForceMeta) for m in stack):

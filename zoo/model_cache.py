@@ -83,7 +83,9 @@ def _clone_module(module: nn.Module, memo: dict) -> nn.Module:
             state[key] = {k: (None if v is None else _clone_tensor(v, memo)) for k, v in value.items()}
         elif key == "_modules":
             state[key] = {k: (None if v is None else _clone_module(v, memo)) for k, v in value.items()}
-        elif isinstance(value, _PRIMITIVES) or (type(value) is tuple and all(isinstance(v, _PRIMITIVES) for v in value)):
+        elif isinstance(value, _PRIMITIVES) or (
+            type(value) is tuple and all(isinstance(v, _PRIMITIVES) for v in value)
+        ):
             state[key] = value  # immutable: sharing is safe (conv kernel_size, stride, ...)
         elif isinstance(value, (dict, set, list)) and not value:
             state[key] = type(value)()  # the many empty hook dicts: cheap to make anew

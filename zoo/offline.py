@@ -17,6 +17,7 @@ def _refusing(download_url_to_file):
         if _NO_DOWNLOADS.get():
             raise DownloadBlocked(f"a meta build tried to download {url}; builds never download")
         return download_url_to_file(url, *args, **kwargs)
+
     return guarded
 
 
@@ -25,6 +26,7 @@ def _offline(is_offline_mode):
     # hook (every request of its session) and transformers ask is_offline_mode(), so that is the switch.
     def guarded():
         return _NO_DOWNLOADS.get() or is_offline_mode()
+
     return guarded
 
 

@@ -39,8 +39,10 @@ def plain_tensor_values(module, device, recipe) -> list:
         if recipe is None:
             raise MaterializeError("plain tensor attributes have no known value and there is no recipe to rebuild them")
         eager = dict(build_real(recipe, "cpu").named_modules())
-        values = [v if v is not None else getattr(eager[prefix], attr) if i is None else getattr(eager[prefix], attr)[i]
-                  for v, (prefix, _, attr, i, _) in zip(values, found)]
+        values = [
+            v if v is not None else getattr(eager[prefix], attr) if i is None else getattr(eager[prefix], attr)[i]
+            for v, (prefix, _, attr, i, _) in zip(values, found)
+        ]
     # (module, attribute, value): a tensor, or the rebuilt list or tuple, made now so that assigning cannot fail
     new = {}
     for (_, mod, attr, i, _), value in zip(found, values):
@@ -49,5 +51,7 @@ def plain_tensor_values(module, device, recipe) -> list:
             items = new.get((id(mod), attr), (mod, attr, list(getattr(mod, attr))))[2]
             items[i], value = value, items
         new[id(mod), attr] = (mod, attr, value)
-    return [(mod, attr, value if isinstance(value, torch.Tensor) else type(getattr(mod, attr))(value))
-            for mod, attr, value in new.values()]
+    return [
+        (mod, attr, value if isinstance(value, torch.Tensor) else type(getattr(mod, attr))(value))
+        for mod, attr, value in new.values()
+    ]

@@ -37,13 +37,20 @@ def transform(preprocess: dict, train: bool = False, test_size: bool = False):
     interpolation = T.InterpolationMode(preprocess.get("interpolation") or "bilinear")
     normalize = [T.ToTensor(), T.Normalize(mean=list(preprocess["mean"]), std=list(preprocess["std"]))]
     if train:
-        return T.Compose([T.RandomResizedCrop((height, width), interpolation=interpolation),
-                          T.RandomHorizontalFlip(), *normalize])
+        return T.Compose(
+            [T.RandomResizedCrop((height, width), interpolation=interpolation), T.RandomHorizontalFlip(), *normalize]
+        )
     if preprocess.get("resize_size") and not test_size:  # torchvision: resize the short side, then crop
-        return T.Compose([T.Resize(preprocess["resize_size"], interpolation=interpolation, antialias=True),
-                          T.CenterCrop((height, width)), *normalize])
-    crop_pct = (preprocess.get("test_crop_pct") if test_size else None) or preprocess.get("crop_pct") \
-        or DEFAULT_CROP_PCT
+        return T.Compose(
+            [
+                T.Resize(preprocess["resize_size"], interpolation=interpolation, antialias=True),
+                T.CenterCrop((height, width)),
+                *normalize,
+            ]
+        )
+    crop_pct = (
+        (preprocess.get("test_crop_pct") if test_size else None) or preprocess.get("crop_pct") or DEFAULT_CROP_PCT
+    )
     scale = (math.floor(height / crop_pct), math.floor(width / crop_pct))  # timm's arithmetic
     mode = preprocess.get("crop_mode") or "center"
     if mode == "squash":
@@ -52,8 +59,12 @@ def transform(preprocess: dict, train: bool = False, test_size: bool = False):
         fill = [round(255 * v) for v in preprocess["mean"]]
         steps = [_ResizeKeepRatio(scale, interpolation, longest=1.0), _CenterCropOrPad((height, width), fill)]
     elif mode == "center":
-        steps = [T.Resize(scale[0], interpolation=interpolation) if scale[0] == scale[1]
-                 else _ResizeKeepRatio(scale, interpolation, longest=0.0), T.CenterCrop((height, width))]
+        steps = [
+            T.Resize(scale[0], interpolation=interpolation)
+            if scale[0] == scale[1]
+            else _ResizeKeepRatio(scale, interpolation, longest=0.0),
+            T.CenterCrop((height, width)),
+        ]
     else:
         raise InvalidArgument(f"crop_mode {mode!r}: want center, squash or border")
     return T.Compose([*steps, *normalize])
@@ -86,8 +97,12 @@ class _CenterCropOrPad:
         crop_h, crop_w = self.size
         h, w = F.get_dimensions(img)[1:]
         if crop_w > w or crop_h > h:
-            pad = [(crop_w - w) // 2 if crop_w > w else 0, (crop_h - h) // 2 if crop_h > h else 0,
-                   (crop_w - w + 1) // 2 if crop_w > w else 0, (crop_h - h + 1) // 2 if crop_h > h else 0]
+            pad = [
+                (crop_w - w) // 2 if crop_w > w else 0,
+                (crop_h - h) // 2 if crop_h > h else 0,
+                (crop_w - w + 1) // 2 if crop_w > w else 0,
+                (crop_h - h + 1) // 2 if crop_h > h else 0,
+            ]
             img = F.pad(img, pad, fill=self.fill)
             h, w = F.get_dimensions(img)[1:]
             if (h, w) == (crop_h, crop_w):

@@ -8,8 +8,8 @@ is one timm and torchvision find, and the other way round.
 The result is the state timm.create_model(tag, pretrained=True) and torchvision.models.get_model(name,
 weights=W) give from the same files: timm's own arguments to load_pretrained (its per-model checkpoint
 filter, the classifier handling, strictness) are caught from a meta build with pretrained=True and
-remembered (zoo.families.timm_loader), and replayed here. The filter runs first on meta tensors: what it passes through unchanged (the bulk of a
-checkpoint) is read straight from the file into the model's new memory; only what it computes
+remembered (zoo.families.timm_loader), and replayed here. The filter runs first on meta tensors: what it passes through
+unchanged (the bulk of a checkpoint) is read straight from the file into the model's new memory; only what it computes
 (a resampled position embedding, a reshaped kernel) is computed, by the filter itself, on real values.
 Formats timm loads with a model's own code (.npz through custom_load) are refused with a clear error.
 """
@@ -22,12 +22,11 @@ from pathlib import Path
 
 from zoo.errors import CheckpointError, HubUnavailable, InvalidArgument
 from zoo.families import family
-from zoo.families.torchvision import weights_of
 from zoo.families.timm_loader import timm_load_arguments
+from zoo.families.torchvision import weights_of
 from zoo.weights.hub import offline
 from zoo.weights.placement import box_slices
 from zoo.weights.sources import PICKLE_SUFFIXES, SafetensorsSource, Source, Spec, TensorDictSource, load_pickle
-
 
 
 def published_tag(recipe, weights):
@@ -54,11 +53,14 @@ def pretrained_source(recipe, tag: str | None, module, recorded: dict | None = N
         return timm_source(builder, recipe.kwargs, module, recorded if builder == recipe.builder else None)
     if kind == "weights-enum":
         return torchvision_source(recipe.builder, tag, module)
-    raise InvalidArgument(f"weights='pretrained' is for timm and torchvision models, not {recipe.family} ones; "
-                          f"give a file, a recorded tag or hf://ORG/NAME")
+    raise InvalidArgument(
+        f"weights='pretrained' is for timm and torchvision models, not {recipe.family} ones; "
+        f"give a file, a recorded tag or hf://ORG/NAME"
+    )
 
 
 # --- torch hub's checkpoint cache ----------------------------------------------------------------
+
 
 def torch_hub_file(url: str, progress: bool = True) -> Path:
     """The cached file of a URL in torch hub's checkpoint cache, downloaded when missing (unless
@@ -72,8 +74,10 @@ def torch_hub_file(url: str, progress: bool = True) -> Path:
     prefix = hash_prefix(name)
     if not path.exists():
         if offline():
-            raise HubUnavailable(f"{path}: not in torch hub's cache and HF_HUB_OFFLINE is set; put the file from "
-                                 f"{url} there, or unset HF_HUB_OFFLINE")
+            raise HubUnavailable(
+                f"{path}: not in torch hub's cache and HF_HUB_OFFLINE is set; put the file from "
+                f"{url} there, or unset HF_HUB_OFFLINE"
+            )
         from zoo.weights.download import fetch
 
         fetch(url, path, prefix, progress)
@@ -98,8 +102,10 @@ def check_prefix(path: Path, prefix: str | None) -> None:
         return
     actual = file_sha256(path)
     if not actual.startswith(prefix):
-        raise CheckpointError(f"{path}: sha256 {actual} does not start with {prefix}, the prefix its name "
-                              f"carries; the cached file is corrupt (delete it to download it again)")
+        raise CheckpointError(
+            f"{path}: sha256 {actual} does not start with {prefix}, the prefix its name "
+            f"carries; the cached file is corrupt (delete it to download it again)"
+        )
     verified.remember(path, prefix)
 
 
@@ -107,14 +113,18 @@ def check_prefix(path: Path, prefix: str | None) -> None:
 
 # densenet's published files use the keys of an older module layout ("norm.1"); torchvision's
 # densenet._load_state_dict renames them with this pattern before loading, and so does zoo.
-_DENSENET_KEY = re.compile(r"^(.*denselayer\d+\.(?:norm|relu|conv))\.((?:[12])\.(?:weight|bias|running_mean|running_var))$")
+_DENSENET_KEY = re.compile(
+    r"^(.*denselayer\d+\.(?:norm|relu|conv))\.((?:[12])\.(?:weight|bias|running_mean|running_var))$"
+)
 
 
 def torchvision_source(builder: str, tag: str | None, module) -> tuple[Source, bool]:
     if builder.startswith("quantized_"):
-        raise CheckpointError(f"{builder}'s weights are int8, packed for a quantized model that cannot be built "
-                              f"on meta; its row sizes the float model they came from. Load them with "
-                              f"torchvision.models.get_model({builder!r}, weights=..., quantize=True)")
+        raise CheckpointError(
+            f"{builder}'s weights are int8, packed for a quantized model that cannot be built "
+            f"on meta; its row sizes the float model they came from. Load them with "
+            f"torchvision.models.get_model({builder!r}, weights=..., quantize=True)"
+        )
     weights = weights_of(builder, tag)
     tensors = load_pickle(torch_hub_file(weights.url))  # weights_only, memory-mapped
     if builder.startswith("densenet"):
@@ -131,14 +141,18 @@ def batchnorm_counts(source: Source, module) -> Source:
     import torch
     from torch.nn.modules.batchnorm import _BatchNorm
 
-    missing = {f"{name}.num_batches_tracked": torch.tensor(0, dtype=torch.long)
-               for name, m in module.named_modules() if isinstance(m, _BatchNorm)
-               and getattr(m, "num_batches_tracked", None) is not None
-               and f"{name}.num_batches_tracked" not in source.specs}
+    missing = {
+        f"{name}.num_batches_tracked": torch.tensor(0, dtype=torch.long)
+        for name, m in module.named_modules()
+        if isinstance(m, _BatchNorm)
+        and getattr(m, "num_batches_tracked", None) is not None
+        and f"{name}.num_batches_tracked" not in source.specs
+    }
     return _Edited(source, set(), missing) if missing else source
 
 
 # --- timm ----------------------------------------------------------------------------------------
+
 
 def timm_source(builder: str, kwargs: dict, module, recorded: dict | None = None) -> tuple[Source, bool]:
     args = timm_load_arguments(builder, kwargs, recorded, module)
@@ -148,9 +162,11 @@ def timm_source(builder: str, kwargs: dict, module, recorded: dict | None = None
     # custom_load="hf"); weights it gets from the hub otherwise go through the ordinary state-dict path
     custom = cfg.get("custom_load")
     if custom and (not cfg.get("hf_hub_id") or (custom == "hf" and cfg.get("hf_hub_filename"))):
-        raise CheckpointError(f"timm {name}: timm loads these weights with the model's own load_pretrained "
-                              f"({cfg.get('url') or cfg.get('hf_hub_id')}, e.g. a JAX .npz): they cannot be "
-                              f"loaded in place; use timm.create_model({name!r}, pretrained=True)")
+        raise CheckpointError(
+            f"timm {name}: timm loads these weights with the model's own load_pretrained "
+            f"({cfg.get('url') or cfg.get('hf_hub_id')}, e.g. a JAX .npz): they cannot be "
+            f"loaded in place; use timm.create_model({name!r}, pretrained=True)"
+        )
     path, check = timm_file(cfg, name)
     if path.name.endswith(".safetensors"):
         pending = _in_background(check)
@@ -186,7 +202,7 @@ def timm_file(cfg: dict, name: str) -> tuple[Path, object]:
         for filename in _hub_candidates(cfg.get("hf_hub_filename") or "pytorch_model.bin"):
             path = download(repo, filename, revision or None, missing_ok=True)
             if path is not None:
-                return Path(path), lambda: _check_hashes(f"hf://{hub_id}", repo, [path])
+                return Path(path), lambda path=path: _check_hashes(f"hf://{hub_id}", repo, [path])
         where = "the local cache (HF_HUB_OFFLINE is set)" if offline() else "the repository"
         raise HubUnavailable(f"timm {name}: no weights file of {hub_id} in {where}")
     if cfg.get("url"):
@@ -304,8 +320,10 @@ def _finish(source: Source, args: dict, module) -> tuple[Source, bool]:
     pretrained_in_chans = (cfg.get("input_size") or (3,))[0]
     if args["in_chans"] != pretrained_in_chans:
         source.close()
-        raise InvalidArgument(f"in_chans={args['in_chans']}: timm adapts the first convolution of weights trained "
-                              f"on {pretrained_in_chans} channels; zoo loads published weights only as published")
+        raise InvalidArgument(
+            f"in_chans={args['in_chans']}: timm adapts the first convolution of weights trained "
+            f"on {pretrained_in_chans} channels; zoo loads published weights only as published"
+        )
     classifiers = cfg.get("classifier")
     classifiers = (classifiers,) if isinstance(classifiers, str) else classifiers or ()
     label_offset = cfg.get("label_offset", 0)

@@ -20,7 +20,8 @@ from dataclasses import dataclass
 from decimal import Decimal, localcontext
 from typing import NamedTuple
 
-from zoo.columns import BY_NAME, PUBLIC, SEARCH_FIELDS as FIELDS
+from zoo.columns import BY_NAME, PUBLIC
+from zoo.columns import SEARCH_FIELDS as FIELDS
 from zoo.errors import InvalidArgument, InvalidComparison, SearchSyntaxError
 from zoo.throughput.measured import MEASURED
 from zoo.throughput.roofline import PREDICTED
@@ -171,10 +172,15 @@ class _Field:
         return Compare(self.name, op, check(self.name, op, value))
 
     def __lt__(self, value): return self._compare("<", value)  # fmt: skip
+
     def __le__(self, value): return self._compare("<=", value)  # fmt: skip
+
     def __gt__(self, value): return self._compare(">", value)  # fmt: skip
+
     def __ge__(self, value): return self._compare(">=", value)  # fmt: skip
+
     def __eq__(self, value): return self._compare("=", value)  # fmt: skip
+
     def __ne__(self, value): return self._compare("!=", value)  # fmt: skip
 
     def glob(self, pattern: str) -> Compare:
@@ -364,10 +370,13 @@ def check_fields(fields) -> tuple[str, ...]:
     except TypeError:
         names = None
     if names is None or not all(isinstance(f, str) for f in names):
-        raise InvalidArgument(f"fields is a tuple of field names, e.g. ('name', 'params', 'bench_cpu'), not "
-                              f"{fields!r:.80}")
+        raise InvalidArgument(
+            f"fields is a tuple of field names, e.g. ('name', 'params', 'bench_cpu'), not {fields!r:.80}"
+        )
     unknown = [f for f in names if not (f in BY_NAME and BY_NAME[f].public or f in MEASURED or f in PREDICTED)]
     if unknown:
-        raise InvalidArgument(f"unknown fields {unknown}; fields are {', '.join(c.name for c in PUBLIC)}, "
-                              f"{', '.join(MEASURED)} (measured) and {', '.join(PREDICTED)} (predicted)")
+        raise InvalidArgument(
+            f"unknown fields {unknown}; fields are {', '.join(c.name for c in PUBLIC)}, "
+            f"{', '.join(MEASURED)} (measured) and {', '.join(PREDICTED)} (predicted)"
+        )
     return names

@@ -6,10 +6,18 @@ from dataclasses import dataclass, field
 from zoo.errors import InvalidRecipe
 
 # Keyword arguments that would fetch or read weights during a build; builds never do.
-WEIGHT_KWARGS = frozenset({
-    "pretrained", "pretrained_cfg", "pretrained_cfg_overlay", "pretrained_strict", "checkpoint_path",
-    "weights", "weights_backbone", "cache_dir",
-})
+WEIGHT_KWARGS = frozenset(
+    {
+        "pretrained",
+        "pretrained_cfg",
+        "pretrained_cfg_overlay",
+        "pretrained_strict",
+        "checkpoint_path",
+        "weights",
+        "weights_backbone",
+        "cache_dir",
+    }
+)
 
 
 @dataclass(frozen=True)
@@ -36,8 +44,10 @@ def check_kwargs(kwargs) -> None:
             raise InvalidRecipe(f"kwarg name {key!r} is not an identifier")
     blocked = sorted(k for k in WEIGHT_KWARGS & kwargs.keys() if kwargs[k])  # pretrained=False asks for nothing
     if blocked:
-        raise InvalidRecipe(f"{', '.join(f'{k}={kwargs[k]!r}' for k in blocked)}: builds never load weights; "
-                            f"use materialize(weights=...)")
+        raise InvalidRecipe(
+            f"{', '.join(f'{k}={kwargs[k]!r}' for k in blocked)}: builds never load weights; "
+            f"use materialize(weights=...)"
+        )
     try:
         json.dumps(kwargs, allow_nan=False)
     except (TypeError, ValueError) as e:

@@ -45,18 +45,29 @@ def analysis_rows(info) -> list[tuple[str, str]]:
         return [("analysis", "- (not analysed: indexed before zoo recorded analysis; re-index it)")]
     if info.scan_status != "ok":
         return [("analysis", info.scan_status + (f": {info.scan_error}" if info.scan_error else ""))]
-    outputs = ", ".join(f"{p + ': ' if p else ''}{'x'.join(map(str, shape)) or 'scalar'} {dtype}"
-                        for p, shape, dtype in (info.output_shapes or [])[:8])
+    outputs = ", ".join(
+        f"{p + ': ' if p else ''}{'x'.join(map(str, shape)) or 'scalar'} {dtype}"
+        for p, shape, dtype in (info.output_shapes or [])[:8]
+    )
     more = len(info.output_shapes or []) - 8
     rows = [
         ("flops", f"{si(info.flops, 'FLOPs')} ({si(info.macs, 'MACs')}), batch 1 at the input size"),
-        ("activations", f"{human(info.peak_activation_bytes, 'B')} peak in inference, "
-                        f"{human(info.train_activation_bytes, 'B')} saved for backward in training"),
+        (
+            "activations",
+            f"{human(info.peak_activation_bytes, 'B')} peak in inference, "
+            f"{human(info.train_activation_bytes, 'B')} saved for backward in training",
+        ),
         ("output", outputs + (f", ... ({more} more)" if more > 0 else "")),
     ]
     if info.flops_per_token:
-        rows.insert(1, ("flops per token", f"{si(info.flops_per_token, 'FLOPs')} (prefill, "
-                                           f"{'x'.join(map(str, info.inputs[0]['shape']))} token ids)"))
+        rows.insert(
+            1,
+            (
+                "flops per token",
+                f"{si(info.flops_per_token, 'FLOPs')} (prefill, "
+                f"{'x'.join(map(str, info.inputs[0]['shape']))} token ids)",
+            ),
+        )
     if info.scan_error:
         rows.append(("analysis note", info.scan_error))
     return rows + llm_rows(info)
@@ -70,8 +81,11 @@ def llm_rows(info) -> list[tuple[str, str]]:
     moe = f", {info.experts} experts, {info.experts_per_token} per token" if info.experts else ""
     return [
         ("active params", f"{info.active_params:,} ({human(info.active_params)}){moe}"),
-        ("shape", f"{info.layers} layers, hidden {info.hidden_size}, {info.heads} heads, {info.kv_heads} KV heads, "
-                  f"vocab {info.vocab_size}"),
+        (
+            "shape",
+            f"{info.layers} layers, hidden {info.hidden_size}, {info.heads} heads, {info.kv_heads} KV heads, "
+            f"vocab {info.vocab_size}",
+        ),
         ("KV cache", kv + (f" (sliding window {info.sliding_window})" if info.sliding_window else "")),
         ("context", f"{info.context_length:,} tokens" if info.context_length else "-"),
     ]
@@ -80,12 +94,13 @@ def llm_rows(info) -> list[tuple[str, str]]:
 def field_rows() -> list[list[str]]:
     """Every searchable field: name, type, unit and meaning, from its one declaration (zoo.columns)."""
     from zoo.columns import COLUMNS
-
     from zoo.throughput import measured, roofline
 
-    return [[c.name, c.search_type, c.unit or "-", c.doc] for c in COLUMNS if c.searchable] + \
-        [[f, "number", measured.UNIT, measured.doc(f)] for f in measured.MEASURED] + \
-        [[f, "number", roofline.UNIT, roofline.doc(f)] for f in roofline.PREDICTED]
+    return (
+        [[c.name, c.search_type, c.unit or "-", c.doc] for c in COLUMNS if c.searchable]
+        + [[f, "number", measured.UNIT, measured.doc(f)] for f in measured.MEASURED]
+        + [[f, "number", roofline.UNIT, roofline.doc(f)] for f in roofline.PREDICTED]
+    )
 
 
 def named_numbers(expression, sort: str | None = None) -> list[str]:
@@ -104,7 +119,8 @@ def _words(expression, sort: str | None) -> set[str]:
 
 def search_columns(expression, sort: str | None = None) -> tuple[str, ...]:
     """The table's columns: the default ones, plus every stored or predicted number the search or its sort
-    names, after the name (`zoo search "top1>85"` shows top1; measured ones come from zoo.cli.bench.measured_columns)."""
+    names, after the name (`zoo search "top1>85"` shows top1; measured ones come from
+    zoo.cli.bench.measured_columns)."""
     from zoo.throughput.measured import MEASURED
 
     named = [f for f in named_numbers(expression, sort) if f not in MEASURED and f not in SEARCH_COLUMNS]
@@ -140,15 +156,24 @@ def table(rows: list[list[str]]) -> str:
 def info_rows(info) -> list[tuple[str, str]]:
     """What `zoo show` prints of a model: one (label, text) row each."""
     rows = [
-        ("name", info.name), ("family", info.family), ("builder", info.builder),
-        ("kwargs", json.dumps(info.kwargs)), ("arch", info.arch or "-"), ("task", info.task or "-"),
+        ("name", info.name),
+        ("family", info.family),
+        ("builder", info.builder),
+        ("kwargs", json.dumps(info.kwargs)),
+        ("arch", info.arch or "-"),
+        ("task", info.task or "-"),
         ("input size", "x".join(map(str, info.input_size)) if info.input_size else "-"),
         ("params", f"{info.params:,} ({human(info.params)})" if info.params is not None else "-"),
         ("trainable", f"{info.trainable:,}" if info.trainable is not None else "-"),
         ("buffers", f"{info.buffers:,} elements" if info.buffers is not None else "-"),
         ("tensors", str(info.tensors) if info.tensors is not None else "-"),
-        ("bytes", f"{human(info.bytes, 'B')} ({human(info.param_bytes, 'B')} params + "
-                  f"{human(info.buffer_bytes, 'B')} buffers, {info.dtype})" if info.bytes is not None else "-"),
+        (
+            "bytes",
+            f"{human(info.bytes, 'B')} ({human(info.param_bytes, 'B')} params + "
+            f"{human(info.buffer_bytes, 'B')} buffers, {info.dtype})"
+            if info.bytes is not None
+            else "-",
+        ),
         ("status", info.status + (f": {info.error}" if info.error else "")),
         *(analysis_rows(info) if info.status == "ok" else []),
         *published_rows(info),
@@ -157,26 +182,38 @@ def info_rows(info) -> list[tuple[str, str]]:
     ]
     if info.kind == "variant":
         rows[1:1] = variant_rows(info)
-    rows += [(f"weights {w['tag']}", f"{w['path']} ({human(w['bytes'], 'B')}, sha256 {w['sha256'][:12]}...)")
-             for w in info.weights or []]
+    rows += [
+        (f"weights {w['tag']}", f"{w['path']} ({human(w['bytes'], 'B')}, sha256 {w['sha256'][:12]}...)")
+        for w in info.weights or []
+    ]
     return rows
 
 
 def variant_rows(info) -> list[tuple[str, str]]:
     """A pretrained variant's published facts: its architecture, source, license, preprocessing, metrics."""
-    def compact(d: dict) -> str:
-        return ", ".join(f"{k} {'x'.join(map(str, v)) if k.endswith('size') and isinstance(v, list) else v}"
-                         for k, v in d.items() if v is not None)
 
-    rows = [("kind", f"pretrained variant of {info.arch_name}, tag {info.tag}"),
-            ("license", info.license or "-"), ("dataset", info.dataset or "-"),
-            ("classes", "-" if info.num_classes is None else str(info.num_classes)),
-            ("source", compact(info.weights_source or {}) or "-"),
-            ("weights file", human(info.weights_bytes, "B") if info.weights_bytes else "-"),
-            ("preprocess", compact(info.preprocess or {}) or "-")]
+    def compact(d: dict) -> str:
+        return ", ".join(
+            f"{k} {'x'.join(map(str, v)) if k.endswith('size') and isinstance(v, list) else v}"
+            for k, v in d.items()
+            if v is not None
+        )
+
+    rows = [
+        ("kind", f"pretrained variant of {info.arch_name}, tag {info.tag}"),
+        ("license", info.license or "-"),
+        ("dataset", info.dataset or "-"),
+        ("classes", "-" if info.num_classes is None else str(info.num_classes)),
+        ("source", compact(info.weights_source or {}) or "-"),
+        ("weights file", human(info.weights_bytes, "B") if info.weights_bytes else "-"),
+        ("preprocess", compact(info.preprocess or {}) or "-"),
+    ]
     for dataset, values in (info.metrics or {}).items():
-        shown = {k: v for k, v in values.items() if not k.endswith(("_err", "_diff")) and k not in ("param_count",)} \
-            if isinstance(values, dict) else {"": values}
+        shown = (
+            {k: v for k, v in values.items() if not k.endswith(("_err", "_diff")) and k not in ("param_count",)}
+            if isinstance(values, dict)
+            else {"": values}
+        )
         rows.append((f"metrics {dataset}", compact(shown)))
     rows += [(f"card {k}", str(v)) for k, v in (info.card or {}).items()]
     return rows
@@ -184,7 +221,8 @@ def variant_rows(info) -> list[tuple[str, str]]:
 
 def published_rows(info) -> list[tuple[str, str]]:
     """Published numbers with the size each is at: top1 and the throughput at the row's input size, the test-size
-    result and its FLOPs at test_input_size; and the predicted throughput (zoo.throughput.roofline), named a prediction."""
+    result and its FLOPs at test_input_size; and the predicted throughput (zoo.throughput.roofline), named a
+    prediction."""
     from zoo.columns import THROUGHPUT
 
     def px(size) -> str:
@@ -196,14 +234,26 @@ def published_rows(info) -> list[tuple[str, str]]:
     if info.test_top1 is not None:
         cost = f", {si(info.test_flops, 'FLOPs')}" if info.test_flops is not None else ""
         rows.append(("test_top1", f"{info.test_top1}% at {px(info.test_input_size)} (test size{cost})"))
-    rows += [(column, f"{_speed(getattr(info, column))} samples/s at {px(info.input_size)}, batch "
-                      f"{getattr(info, column + '_batch')} (timm's published benchmark)")
-             for column in THROUGHPUT if getattr(info, column) is not None]
+    rows += [
+        (
+            column,
+            f"{_speed(getattr(info, column))} samples/s at {px(info.input_size)}, batch "
+            f"{getattr(info, column + '_batch')} (timm's published benchmark)",
+        )
+        for column in THROUGHPUT
+        if getattr(info, column) is not None
+    ]
     from zoo.throughput.roofline import PREDICTED, predicted
 
-    rows += [(field, f"{_speed(value)} samples/s at {px(info.input_size)}, batch {PREDICTED[field].batch} "
-                     f"(PREDICTED: the roofline upper bound, not a measurement)")
-             for field in PREDICTED if (value := predicted(info, field)) is not None]
+    rows += [
+        (
+            field,
+            f"{_speed(value)} samples/s at {px(info.input_size)}, batch {PREDICTED[field].batch} "
+            f"(PREDICTED: the roofline upper bound, not a measurement)",
+        )
+        for field in PREDICTED
+        if (value := predicted(info, field)) is not None
+    ]
     if info.pretrain:
         rows.append(("pretrain", info.pretrain))
     return rows
@@ -217,8 +267,21 @@ def variant_table(arch: str, variants, tags) -> list[list[str]]:
     """`zoo weights list`: a header and a row per pretrained variant, then the weights tags recorded for the
     architecture itself (zoo weights add)."""
     rows = [["name", "tag", "top1", "params", "flops", "input", "license", "dataset", "status", "file"]]
-    rows += [[v.name, v.tag or "-", cell(v, "top1"), cell(v, "params"), cell(v, "flops"), cell(v, "input_size"),
-              v.license or "-", v.dataset or "-", v.status, "-"] for v in variants]
+    rows += [
+        [
+            v.name,
+            v.tag or "-",
+            cell(v, "top1"),
+            cell(v, "params"),
+            cell(v, "flops"),
+            cell(v, "input_size"),
+            v.license or "-",
+            v.dataset or "-",
+            v.status,
+            "-",
+        ]
+        for v in variants
+    ]
     rows += [[arch, f"{w['tag']} (recorded)", "-", "-", "-", "-", "-", "-", "-", w["path"]] for w in tags]
     return rows
 
@@ -226,9 +289,17 @@ def variant_table(arch: str, variants, tags) -> list[list[str]]:
 def tensor_rows(tensor_table) -> list[list[str]]:
     """A header and one row per tensor name (aliases marked as ties)."""
     header = ["tensor", "kind", "shape", "dtype", "bytes", "note"]
-    return [header] + [[t.name, t.kind, "x".join(map(str, t.shape)) or "scalar", t.dtype, human(t.bytes, "B"),
-                        ("tied to " + t.tied_to if t.tied_to else "") + ("" if t.persistent else "non-persistent")]
-                       for t in tensor_table]
+    return [header] + [
+        [
+            t.name,
+            t.kind,
+            "x".join(map(str, t.shape)) or "scalar",
+            t.dtype,
+            human(t.bytes, "B"),
+            ("tied to " + t.tied_to if t.tied_to else "") + ("" if t.persistent else "non-persistent"),
+        ]
+        for t in tensor_table
+    ]
 
 
 def module_tree(name: str, modules):
@@ -237,8 +308,11 @@ def module_tree(name: str, modules):
     from rich.tree import Tree
 
     def label(m) -> str:
-        shapes = "; ".join(f"{p + ' ' if p else ''}{'x'.join(map(str, shape)) or 'scalar'}"
-                           + ("" if dtype == "float32" else f" {dtype}") for p, shape, dtype in m.outputs[:4])
+        shapes = "; ".join(
+            f"{p + ' ' if p else ''}{'x'.join(map(str, shape)) or 'scalar'}"
+            + ("" if dtype == "float32" else f" {dtype}")
+            for p, shape, dtype in m.outputs[:4]
+        )
         if len(m.outputs) > 4:
             shapes += f"; ... {len(m.outputs) - 4} more"
         calls = f" x{m.calls}" if m.calls > 1 else ""
@@ -247,8 +321,10 @@ def module_tree(name: str, modules):
         else:
             out = "[red](stopped inside)[/red]" if m.entered else "[dim](not called)[/dim]"
         leaf = m.name.rsplit(".", 1)[-1] or name
-        return printable(f"[bold]{escape(leaf)}[/bold] [cyan]{escape(m.type)}[/cyan]  {human(m.params)} params, "
-                         f"{human(m.bytes, 'B')}  {escape(out) if m.calls else out}")
+        return printable(
+            f"[bold]{escape(leaf)}[/bold] [cyan]{escape(m.type)}[/cyan]  {human(m.params)} params, "
+            f"{human(m.bytes, 'B')}  {escape(out) if m.calls else out}"
+        )
 
     nodes = {}
     root = None

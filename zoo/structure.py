@@ -90,8 +90,10 @@ def _tensor(t) -> str:
 
 
 # what stable_description gives an empty container of these types, below
-_EMPTY_CONTAINERS = {**{t: f"{t.__name__}[]" for t in (list, tuple, set, frozenset)},
-                     **{t: f"{t.__module__}.{t.__qualname__}{{}}" for t in (dict, collections.OrderedDict)}}
+_EMPTY_CONTAINERS = {
+    **{t: f"{t.__name__}[]" for t in (list, tuple, set, frozenset)},
+    **{t: f"{t.__module__}.{t.__qualname__}{{}}" for t in (dict, collections.OrderedDict)},
+}
 
 
 def stable_description(value, depth: int = 0) -> str:
@@ -101,8 +103,11 @@ def stable_description(value, depth: int = 0) -> str:
     kind = type(value)
     if kind in _EMPTY_CONTAINERS and not value:  # most of a module's __dict__: its empty hook dicts
         return _EMPTY_CONTAINERS[kind]
-    if kind in _PRIMITIVES or isinstance(value, _PRIMITIVES) or isinstance(
-            value, (torch.dtype, torch.device, torch.Size, enum.Enum)):
+    if (
+        kind in _PRIMITIVES
+        or isinstance(value, _PRIMITIVES)
+        or isinstance(value, (torch.dtype, torch.device, torch.Size, enum.Enum))
+    ):
         return f"{type(value).__name__}:{value!r}"
     if isinstance(value, torch.Tensor):
         return _tensor(value)
@@ -110,7 +115,8 @@ def stable_description(value, depth: int = 0) -> str:
         items = [stable_description(v, depth + 1) for v in value]
         return f"{type(value).__name__}[{','.join(sorted(items) if isinstance(value, (set, frozenset)) else items)}]"
     if isinstance(value, dict):  # hook dicts too: their values are functions or bound methods
-        return f"{_qualname(type(value))}{{{','.join(f'{stable_description(k, depth + 1)}:{stable_description(v, depth + 1)}' for k, v in value.items())}}}"
+        entries = (f"{stable_description(k, depth + 1)}:{stable_description(v, depth + 1)}" for k, v in value.items())
+        return f"{_qualname(type(value))}{{{','.join(entries)}}}"
     if isinstance(value, type) or isinstance(value, (types.BuiltinFunctionType, torch._ops.OpOverload)):
         return f"C:{_qualname(value)}"
     if isinstance(value, types.FunctionType):
@@ -122,8 +128,13 @@ def stable_description(value, depth: int = 0) -> str:
             raise ValueError("undigestible")
         return f"M:{_qualname(value.__func__)}"
     if isinstance(value, functools.partial):
-        return f"P:{stable_description(value.func, depth + 1)}{stable_description(value.args, depth + 1)}{stable_description(value.keywords, depth + 1)}"
+        return (
+            f"P:{stable_description(value.func, depth + 1)}{stable_description(value.args, depth + 1)}"
+            f"{stable_description(value.keywords, depth + 1)}"
+        )
     if dataclasses.is_dataclass(value):  # a model's config (timm's ByoModelCfg, MaxxVitCfg): its class and fields
-        fields = ",".join(f"{f.name}={stable_description(getattr(value, f.name), depth + 1)}" for f in dataclasses.fields(value))
+        fields = ",".join(
+            f"{f.name}={stable_description(getattr(value, f.name), depth + 1)}" for f in dataclasses.fields(value)
+        )
         return f"D:{_qualname(kind)}({fields})"
     raise ValueError("undigestible")

@@ -14,12 +14,46 @@ depends_on = None
 
 TEXT = ("weights_source", "preprocess", "card", "metrics", "inputs")  # JSON text
 STRINGS = (("arch_name", 255), ("tag", 128), ("license", 64), ("dataset", 128), ("gated", 16))
-INTS = ("num_classes", "weights_bytes", "active_params", "kv_bytes_per_token", "flops_per_token", "context_length",
-        "sliding_window", "layers", "hidden_size", "heads", "kv_heads", "vocab_size", "experts",
-        "experts_per_token", "downloads", "likes", "hub_params")
-FLOATS = ("top1", "top5", "real_top1", "real_top5", "v2_top1", "v2_top5", "sketch_top1", "sketch_top5", "a_top1",
-          "a_top5", "r_top1", "r_top5", "box_map", "mask_map", "keypoint_map", "miou", "pixel_acc", "k400_top1",
-          "k400_top5")
+INTS = (
+    "num_classes",
+    "weights_bytes",
+    "active_params",
+    "kv_bytes_per_token",
+    "flops_per_token",
+    "context_length",
+    "sliding_window",
+    "layers",
+    "hidden_size",
+    "heads",
+    "kv_heads",
+    "vocab_size",
+    "experts",
+    "experts_per_token",
+    "downloads",
+    "likes",
+    "hub_params",
+)
+FLOATS = (
+    "top1",
+    "top5",
+    "real_top1",
+    "real_top5",
+    "v2_top1",
+    "v2_top5",
+    "sketch_top1",
+    "sketch_top5",
+    "a_top1",
+    "a_top5",
+    "r_top1",
+    "r_top5",
+    "box_map",
+    "mask_map",
+    "keypoint_map",
+    "miou",
+    "pixel_acc",
+    "k400_top1",
+    "k400_top5",
+)
 INDEXED = ("kind", "arch_name", "license", "top1", "active_params")
 
 

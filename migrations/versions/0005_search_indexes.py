@@ -14,8 +14,12 @@ branch_labels = None
 depends_on = None
 
 # (name, columns): a range on the first columns, read in name order without touching the table
-COMPOSITE = (("ix_models_params_name", ["params", "name"]), ("ix_models_bytes_name", ["bytes", "name"]),
-             ("ix_models_flops_name", ["flops", "name"]), ("ix_models_family_params_name", ["family", "params", "name"]))
+COMPOSITE = (
+    ("ix_models_params_name", ["params", "name"]),
+    ("ix_models_bytes_name", ["bytes", "name"]),
+    ("ix_models_flops_name", ["flops", "name"]),
+    ("ix_models_family_params_name", ["family", "params", "name"]),
+)
 
 # SQLite: an external-content FTS5 table over models.name (no copy of the names), trigram-tokenized, so that
 # LIKE '%vit%' finds candidate rows through the index; triggers keep it in step with every write path (the ORM,
@@ -34,8 +38,12 @@ SQLITE_UP = [
 ]
 # A later migration that rebuilds the models table (alembic batch mode on SQLite copies it) drops these
 # triggers with the old table: it must create them again.
-SQLITE_DOWN = ["DROP TRIGGER models_fts_update", "DROP TRIGGER models_fts_delete", "DROP TRIGGER models_fts_insert",
-               "DROP TABLE models_fts"]
+SQLITE_DOWN = [
+    "DROP TRIGGER models_fts_update",
+    "DROP TRIGGER models_fts_delete",
+    "DROP TRIGGER models_fts_insert",
+    "DROP TABLE models_fts",
+]
 
 
 def upgrade() -> None:
@@ -51,13 +59,16 @@ def upgrade() -> None:
         op.execute('CREATE INDEX ix_models_name_bytewise ON models (name COLLATE "C")')
         # pg_trgm ships with the server (postgresql-contrib, in Debian's postgresql package) and is a trusted
         # extension: a database owner may create it. Where a server lacks it, globs still work, unindexed.
-        available = op.get_bind().exec_driver_sql(
-            "SELECT 1 FROM pg_available_extensions WHERE name = 'pg_trgm'").first()
+        available = (
+            op.get_bind().exec_driver_sql("SELECT 1 FROM pg_available_extensions WHERE name = 'pg_trgm'").first()
+        )
         if available:
             op.execute("CREATE EXTENSION IF NOT EXISTS pg_trgm")
             # short too: a glob that does not start with * also matches the short name (name OR short)
             for column in ("name", "short"):
-                op.execute(f'CREATE INDEX ix_models_{column}_trgm ON models USING gin ({column} COLLATE "C" gin_trgm_ops)')
+                op.execute(
+                    f'CREATE INDEX ix_models_{column}_trgm ON models USING gin ({column} COLLATE "C" gin_trgm_ops)'
+                )
 
 
 def downgrade() -> None:

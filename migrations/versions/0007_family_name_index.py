@@ -22,8 +22,10 @@ depends_on = None
 
 FAMILY_NAME = "ix_models_family_name_bytewise"
 CARRIED = ("params", "bytes", "flops", "top1")
-COVERING = {f"ix_models_{field}_name": [field, "name", *(c for c in CARRIED if c != field)]
-            for field in ("params", "bytes", "flops")}  # 0005's names, its leading columns
+COVERING = {
+    f"ix_models_{field}_name": [field, "name", *(c for c in CARRIED if c != field)]
+    for field in ("params", "bytes", "flops")
+}  # 0005's names, its leading columns
 
 
 def upgrade() -> None:

@@ -38,8 +38,9 @@ def upgrade() -> None:
         sa.Column("who", sa.String(255), nullable=False),
         sa.Column("measured_at", sa.DateTime, nullable=False),
     )
-    op.create_index("ix_measurements_model_device_mode", "measurements",
-                    ["model_id", "device", "mode", "samples_per_s"])
+    op.create_index(
+        "ix_measurements_model_device_mode", "measurements", ["model_id", "device", "mode", "samples_per_s"]
+    )
 
 
 def downgrade() -> None:

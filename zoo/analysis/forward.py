@@ -9,8 +9,8 @@ import itertools
 import torch
 from torch import nn
 
-from zoo.analysis.inputs import tensor_leaves
 import zoo.analysis.kernel_cache as kernel_cache
+from zoo.analysis.inputs import tensor_leaves
 from zoo.analysis.meters import FusedAttention
 from zoo.inspection import dtype_name
 

@@ -90,4 +90,3 @@ def analyze(module: nn.Module, spec: dict | None, budget_s: float | None = DEFAU
         error = f"training forward: {reason(e)}"
     per_token = flops // spec["seq_len"] if spec.get("seq_len") else None
     return Analysis(SCAN_OK, error, flops, flops // 2, saved, live.peak, shapes, inputs, per_token)
-

@@ -86,8 +86,12 @@ def inputs_of(spec: dict) -> list[dict]:
 
     def one(name, value):
         if isinstance(value, list):
-            return {"name": name, "shape": list(value[0].shape), "dtype": str(value[0].dtype).removeprefix("torch."),
-                    "list": len(value)}
+            return {
+                "name": name,
+                "shape": list(value[0].shape),
+                "dtype": str(value[0].dtype).removeprefix("torch."),
+                "list": len(value),
+            }
         return {"name": name, "shape": list(value.shape), "dtype": str(value.dtype).removeprefix("torch.")}
 
     return [one(None, a) for a in args] + [one(k, v) for k, v in kwargs.items()]
@@ -113,14 +117,17 @@ def parse_inputs(value) -> list[dict]:
             try:
                 value = json.loads(text)
             except json.JSONDecodeError as e:
-                raise InvalidArgument(f"--input is a shape like 1,3,224,224 or a JSON list of "
-                                      f'{{"shape": [...], "dtype": ..., "name": ...}}: {e}') from None
+                raise InvalidArgument(
+                    f"--input is a shape like 1,3,224,224 or a JSON list of "
+                    f'{{"shape": [...], "dtype": ..., "name": ...}}: {e}'
+                ) from None
         else:
             try:
                 value = [{"shape": [int(d) for d in text.split(",")]}]
             except ValueError:
-                raise InvalidArgument(f"--input shape is whole numbers separated by commas, e.g. 1,3,224,224, "
-                                      f"not {value!r}") from None
+                raise InvalidArgument(
+                    f"--input shape is whole numbers separated by commas, e.g. 1,3,224,224, not {value!r}"
+                ) from None
     if isinstance(value, dict):
         value = [value]
     if not isinstance(value, list) or not 1 <= len(value) <= _MAX_INPUTS:
@@ -128,12 +135,16 @@ def parse_inputs(value) -> list[dict]:
     out, names = [], set()
     for entry in value:
         if not isinstance(entry, dict) or set(entry) - {"name", "shape", "dtype"}:
-            raise InvalidArgument(f"an input is {{\"shape\": [...], \"dtype\": ..., \"name\": ...}}, not {entry!r}")
+            raise InvalidArgument(f'an input is {{"shape": [...], "dtype": ..., "name": ...}}, not {entry!r}')
         shape, dtype, name = entry.get("shape"), entry.get("dtype") or "float32", entry.get("name")
-        if (not isinstance(shape, list) or not 1 <= len(shape) <= _MAX_RANK
-                or not all(isinstance(d, int) and not isinstance(d, bool) and 1 <= d <= 2**31 for d in shape)):
-            raise InvalidArgument(f"an input shape is 1 to {_MAX_RANK} whole numbers >= 1, the batch first, "
-                                  f"not {shape!r}")
+        if (
+            not isinstance(shape, list)
+            or not 1 <= len(shape) <= _MAX_RANK
+            or not all(isinstance(d, int) and not isinstance(d, bool) and 1 <= d <= 2**31 for d in shape)
+        ):
+            raise InvalidArgument(
+                f"an input shape is 1 to {_MAX_RANK} whole numbers >= 1, the batch first, not {shape!r}"
+            )
         if dtype not in INPUT_DTYPES:
             raise InvalidArgument(f"an input dtype is one of {', '.join(INPUT_DTYPES)}, not {dtype!r}")
         if name is not None and (not isinstance(name, str) or not name.isidentifier() or name in names):
@@ -167,9 +178,11 @@ def check_scan_input(value, position: int) -> None:
 
     def bad(v, why: str):
         where = "" if v is value else f" holds {v!r:.60}, which"
-        raise InvalidArgument(f"scan's input {position + 1}, {value!r:.100},{where} {why}; give a tensor, or a shape "
-                              f"as a tuple of whole numbers such as (1, 3, 224, 224) (a list, tuple or dict of "
-                              f"them for a model that takes one)")
+        raise InvalidArgument(
+            f"scan's input {position + 1}, {value!r:.100},{where} {why}; give a tensor, or a shape "
+            f"as a tuple of whole numbers such as (1, 3, 224, 224) (a list, tuple or dict of "
+            f"them for a model that takes one)"
+        )
 
     def walk(v) -> None:
         if isinstance(v, torch.Tensor) or (isinstance(v, tuple) and not v):  # (): the shape of a 0-d tensor
@@ -226,8 +239,9 @@ def tokenized(name, module, texts) -> dict:
 
     state = state_of(module)
     if len(texts) != 1 or not isinstance(name, str) or state is None:
-        raise AnalysisError("text is scanned for a registered hf model, as its one input: "
-                            "zoo.scan('hf/ORG/NAME', 'some text')")
+        raise AnalysisError(
+            "text is scanned for a registered hf model, as its one input: zoo.scan('hf/ORG/NAME', 'some text')"
+        )
     fam = family(state.recipe.family)
     ids = fam.tokenize(name.removeprefix(f"{fam.NAME}/"), texts[0])
     spec = input_spec_of(module) or {"kwargs": {"input_ids": {"shape": ["seq"], "dtype": "int64"}}}

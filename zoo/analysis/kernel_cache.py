@@ -26,7 +26,8 @@ from zoo.constants import kernel_cache_enabled
 
 _MAX_ENTRIES = 100_000  # about 2 KB each (measured over 100 timm models, 66 entries a model): 200 MB at the most
 _TABLE: dict = {}  # shared by every forward in this process: families repeat the same layers
-_COUNTED: dict = {}  # the FLOP count's (zoo.analysis.meters): key -> (record of a decomposed op's outputs or None, FLOPs)
+# the FLOP count's (zoo.analysis.meters): key -> (record of a decomposed op's outputs or None, FLOPs)
+_COUNTED: dict = {}
 _KIND: dict = {}  # op overload -> FUNCTIONAL, IN_PLACE or None (not answered)
 register("meta kernels", _TABLE, _MAX_ENTRIES)
 register("counted FLOPs", _COUNTED, _MAX_ENTRIES)
@@ -45,12 +46,22 @@ def _kind(func):
         args, returns = schema.arguments, schema.returns
         if getattr(func, "namespace", None) not in _NAMESPACES:
             kind = None
-        elif (not schema.is_mutable and all(a.alias_info is None for a in args) and returns
-                and all(r.alias_info is None and str(r.type) in ("Tensor", "Tensor?", "Tensor[]") for r in returns)):
+        elif (
+            not schema.is_mutable
+            and all(a.alias_info is None for a in args)
+            and returns
+            and all(r.alias_info is None and str(r.type) in ("Tensor", "Tensor?", "Tensor[]") for r in returns)
+        ):
             kind = FUNCTIONAL
-        elif (args and args[0].alias_info is not None and args[0].alias_info.is_write
-              and all(a.alias_info is None for a in args[1:]) and len(returns) == 1
-              and returns[0].alias_info is not None and returns[0].alias_info.is_write):
+        elif (
+            args
+            and args[0].alias_info is not None
+            and args[0].alias_info.is_write
+            and all(a.alias_info is None for a in args[1:])
+            and len(returns) == 1
+            and returns[0].alias_info is not None
+            and returns[0].alias_info.is_write
+        ):
             kind = IN_PLACE  # add_, relu_, mul_: self changed in value only (checked when recorded)
         else:
             kind = None
@@ -79,14 +90,21 @@ def _describe(value):
     if isinstance(value, torch.Tensor):
         if type(value) not in (torch.Tensor, torch.nn.Parameter) or not value.is_meta or value.layout != torch.strided:
             raise ValueError("uncacheable")
-        return ("T", value.dtype, tuple(value.shape), value.stride(), value.storage_offset(),
-                value.is_conj(), value.is_neg())
+        return (
+            "T",
+            value.dtype,
+            tuple(value.shape),
+            value.stride(),
+            value.storage_offset(),
+            value.is_conj(),
+            value.is_neg(),
+        )
     if isinstance(value, (list, tuple)):
         return (type(value).__name__, *map(_describe, value))
     if isinstance(value, dict):
         return ("D", *((k, _describe(v)) for k, v in sorted(value.items())))
     if isinstance(value, (bool, int, float, complex)):  # with its type: 1 == 1.0 == True, yet full([2], 1)
-        return type(value), value                       # is int64, full([2], 1.0) float32, full([2], True) bool
+        return type(value), value  # is int64, full([2], 1.0) float32, full([2], True) bool
     if value is None or isinstance(value, (str, torch.dtype, torch.device, torch.layout, torch.memory_format)):
         return value
     raise ValueError("uncacheable")  # SymInts, generators, opaque objects: the op runs as it is
@@ -136,8 +154,9 @@ def recorded(out, args, kwargs):
 def rebuilt(record):
     """Fresh meta tensors with the metadata `recorded` took, in its container."""
     single, container, rows = record
-    tensors = [None if row is None else torch.empty_strided(row[0], row[1], dtype=row[2], device="meta")
-               for row in rows]
+    tensors = [
+        None if row is None else torch.empty_strided(row[0], row[1], dtype=row[2], device="meta") for row in rows
+    ]
     return tensors[0] if single else container(tensors)
 
 
@@ -190,4 +209,3 @@ def clear() -> None:
     """Forget every remembered op (tests compare analyses with and without it)."""
     _TABLE.clear()
     _COUNTED.clear()
-

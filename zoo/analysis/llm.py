@@ -12,8 +12,19 @@ KV figure is the config's formula, since a cache is not part of the module: per 
 
 from __future__ import annotations
 
-FIELDS = ("active_params", "kv_bytes_per_token", "context_length", "sliding_window", "layers", "hidden_size",
-          "heads", "kv_heads", "vocab_size", "experts", "experts_per_token")
+FIELDS = (
+    "active_params",
+    "kv_bytes_per_token",
+    "context_length",
+    "sliding_window",
+    "layers",
+    "hidden_size",
+    "heads",
+    "kv_heads",
+    "vocab_size",
+    "experts",
+    "experts_per_token",
+)
 
 # Config keys for the routed experts and the experts each token uses, across transformers' MoE models.
 _EXPERTS_KEYS = ("n_routed_experts", "num_local_experts", "num_experts", "moe_num_experts")
@@ -110,14 +121,34 @@ def _generates(module, config) -> bool:
     # a base decoder (LlamaModel) keeps a cache too: its model_type has a causal LM head
     from transformers.models.auto import modeling_auto
 
-    return config.model_type in modeling_auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES and not getattr(
-        config, "is_encoder_decoder", False) and config.model_type not in _ENCODERS
+    return (
+        config.model_type in modeling_auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+        and not getattr(config, "is_encoder_decoder", False)
+        and config.model_type not in _ENCODERS
+    )
 
 
 # Encoders that transformers also lets run as decoders (BertLMHeadModel): their checkpoints are encoders.
-_ENCODERS = frozenset({"bert", "roberta", "xlm-roberta", "electra", "ernie", "camembert", "data2vec-text",
-                       "bert-generation", "roberta-prelayernorm", "xmod", "megatron-bert", "rembert",
-                       "big_bird", "deberta", "deberta-v2", "modernbert"})
+_ENCODERS = frozenset(
+    {
+        "bert",
+        "roberta",
+        "xlm-roberta",
+        "electra",
+        "ernie",
+        "camembert",
+        "data2vec-text",
+        "bert-generation",
+        "roberta-prelayernorm",
+        "xmod",
+        "megatron-bert",
+        "rembert",
+        "big_bird",
+        "deberta",
+        "deberta-v2",
+        "modernbert",
+    }
+)
 
 
 def _layers(config) -> int | None:

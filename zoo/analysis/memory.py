@@ -19,8 +19,13 @@ from zoo.errors import AnalysisError, reason
 from zoo.inspection import dtype_name, named_tensors
 
 # What the KV cache may be held in (serving engines quantize it apart from the weights): bytes per element.
-KV_DTYPES = {**{k: getattr(torch, v).itemsize for k, v in FLOAT_NAMES.items()},
-             "fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1, "int8": 1}
+KV_DTYPES = {
+    **{k: getattr(torch, v).itemsize for k, v in FLOAT_NAMES.items()},
+    "fp8": 1,
+    "fp8_e4m3": 1,
+    "fp8_e5m2": 1,
+    "int8": 1,
+}
 # Weight-only quantization formats (inference): bits per element of a quantized tensor. Their bytes:
 #   int8, int4: ceil(elements x bits / 8) + an fp16 scale per group of `group_size` elements along each
 #               row's last (input) dimension: rows x ceil(columns / group_size) x 2 bytes (symmetric, as
@@ -157,8 +162,16 @@ def cache_tensors(value, depth: int = 4) -> list[torch.Tensor]:
     return [t for v in items for t in cache_tensors(v, depth - 1)]
 
 
-def measure_step(module: nn.Module, args: list, kwargs: dict, training: bool, optimizer: str | None,
-                 weights_dtype: str | None = None, group_size: int = 128, kv_bytes: int | None = None) -> dict:
+def measure_step(
+    module: nn.Module,
+    args: list,
+    kwargs: dict,
+    training: bool,
+    optimizer: str | None,
+    weights_dtype: str | None = None,
+    group_size: int = 128,
+    kv_bytes: int | None = None,
+) -> dict:
     """Run one inference forward, or one training step (forward, backward, optimizer step) in steady
     state (optimizer states already there), under LiveBytes; works on meta and on real devices alike.
     Returns weights, gradients, optimizer_states, inputs, activations, total, kv_cache (bytes).
@@ -193,8 +206,15 @@ def measure_step(module: nn.Module, args: list, kwargs: dict, training: bool, op
         kv = sum(n * (kv_bytes or size) // size for n, size in held.values())
         activations = replay_peak(log, {k: 0 for k in held})
         peak = replay_peak(log, {k: (kv_bytes or size) / size for k, (n, size) in held.items()})
-        return dict(weights=weights, gradients=0, optimizer_states=0, inputs=inputs, activations=activations,
-                    total=weights + inputs + peak, kv_cache=kv)
+        return dict(
+            weights=weights,
+            gradients=0,
+            optimizer_states=0,
+            inputs=inputs,
+            activations=activations,
+            total=weights + inputs + peak,
+            kv_cache=kv,
+        )
     trainable = [p for p in {id(p): p for p in params}.values() if p.requires_grad]
     opt = make_optimizer(optimizer or "none", trainable)
     states = 0
@@ -206,14 +226,16 @@ def measure_step(module: nn.Module, args: list, kwargs: dict, training: bool, op
         states = _nbytes_distinct([v for s in opt.state.values() for v in s.values() if isinstance(v, torch.Tensor)])
     gradients = _nbytes_distinct(trainable)
     known = known_storages(module, args, kwargs)
-    for s in (opt.state.values() if opt is not None else ()):
+    for s in opt.state.values() if opt is not None else ():
         for v in s.values():
             if isinstance(v, torch.Tensor):
                 key, _ = storage_key(v)
                 known.add(key)
     live = LiveBytes(known)
-    hooks = [p.register_post_accumulate_grad_hook(lambda p: live.add_grad(p.grad.numel() * p.grad.element_size()))
-             for p in trainable]
+    hooks = [
+        p.register_post_accumulate_grad_hook(lambda p: live.add_grad(p.grad.numel() * p.grad.element_size()))
+        for p in trainable
+    ]
     try:
         with device_context(module), train_mode(module, True), torch.enable_grad(), live:
             out = module(*args, **kwargs)
@@ -229,8 +251,15 @@ def measure_step(module: nn.Module, args: list, kwargs: dict, training: bool, op
     finally:
         for h in hooks:
             h.remove()
-    return dict(weights=weights, gradients=gradients, optimizer_states=states, inputs=inputs,
-                activations=live.peak_without_grads, total=weights + states + inputs + live.peak, kv_cache=0)
+    return dict(
+        weights=weights,
+        gradients=gradients,
+        optimizer_states=states,
+        inputs=inputs,
+        activations=live.peak_without_grads,
+        total=weights + states + inputs + live.peak,
+        kv_cache=0,
+    )
 
 
 # A checkpointed block keeps no KV cache, as transformers turns the cache off under gradient checkpointing:
@@ -244,8 +273,13 @@ def _checkpointed_call(checkpoint, module, forward, *args, **kwargs):
         kwargs["use_cache"] = False
     # the recomputation in backward runs outside the forward's torch-function modes: it gets fused attention
     # again, so it recomputes what the forward saved (torch.device("meta") cannot be re-entered there)
-    return checkpoint(forward, *args, use_reentrant=False,
-                      context_fn=lambda: (contextlib.nullcontext(), _recompute_context(module)), **kwargs)
+    return checkpoint(
+        forward,
+        *args,
+        use_reentrant=False,
+        context_fn=lambda: (contextlib.nullcontext(), _recompute_context(module)),
+        **kwargs,
+    )
 
 
 def _recompute_context(module):
@@ -270,8 +304,10 @@ def checkpointed(module: nn.Module):
             if len(kinds) == 1 and len(sub) > len(best):
                 best = list(sub)
     if not best:
-        raise AnalysisError("activation checkpointing needs a stack of repeated blocks (an nn.ModuleList or "
-                            "nn.Sequential of one class), and this model has none")
+        raise AnalysisError(
+            "activation checkpointing needs a stack of repeated blocks (an nn.ModuleList or "
+            "nn.Sequential of one class), and this model has none"
+        )
     for block in best:
         block.forward = functools.partial(_checkpointed_call, checkpoint, module, block.forward)
     try:
@@ -307,12 +343,22 @@ def cast_to(module: nn.Module, dtype: torch.dtype):
             set_dtype(owner, local, is_param, original)
 
 
-def check_options(batch: int, dtype, training: bool, optimizer: str, seq_len: int | None, kv_dtype=None,
-                  weights_dtype=None, group_size: int = 128, checkpointing: bool = False) -> torch.dtype:
+def check_options(
+    batch: int,
+    dtype,
+    training: bool,
+    optimizer: str,
+    seq_len: int | None,
+    kv_dtype=None,
+    weights_dtype=None,
+    group_size: int = 128,
+    checkpointing: bool = False,
+) -> torch.dtype:
     """The options of an estimate, checked before any model is built; returns the torch dtype."""
     for label, value in (("batch", batch), ("seq_len", seq_len), ("group_size", group_size)):
-        if (value is not None or label == "batch") and (not isinstance(value, int) or isinstance(value, bool)
-                                                        or not 1 <= value < 2**31):  # torch's sizes stay int64
+        if (value is not None or label == "batch") and (
+            not isinstance(value, int) or isinstance(value, bool) or not 1 <= value < 2**31
+        ):  # torch's sizes stay int64
             raise AnalysisError(f"{label} must be a whole number from 1 to 2**31 - 1, not {value!r:.40}")
     if training and optimizer not in OPTIMIZERS:
         raise AnalysisError(f"optimizer must be one of {', '.join(OPTIMIZERS)}, not {optimizer!r}")
@@ -320,18 +366,32 @@ def check_options(batch: int, dtype, training: bool, optimizer: str, seq_len: in
         raise AnalysisError(f"kv_dtype must be one of {', '.join(KV_DTYPES)}, not {kv_dtype!r}")
     if weights_dtype is not None:
         if str(weights_dtype).lower() not in QUANTIZED:
-            raise AnalysisError(f"weights_dtype (weight-only quantization) must be one of {', '.join(QUANTIZED)}, "
-                                f"not {weights_dtype!r}; for float weights, set dtype")
+            raise AnalysisError(
+                f"weights_dtype (weight-only quantization) must be one of {', '.join(QUANTIZED)}, "
+                f"not {weights_dtype!r}; for float weights, set dtype"
+            )
         if training:
-            raise AnalysisError("weight-only quantization is for inference: leave weights_dtype unset with training=True")
+            raise AnalysisError(
+                "weight-only quantization is for inference: leave weights_dtype unset with training=True"
+            )
     if checkpointing and not training:
         raise AnalysisError("activation checkpointing applies to training: give training=True with it")
     return float_dtype(dtype)
 
 
-def estimate(module: nn.Module, batch: int = 1, dtype="bf16", training: bool = False, optimizer: str = "adamw",
-             seq_len: int | None = None, name: str | None = None, kv_dtype=None, weights_dtype=None,
-             group_size: int = 128, checkpointing: bool = False) -> Estimate:
+def estimate(
+    module: nn.Module,
+    batch: int = 1,
+    dtype="bf16",
+    training: bool = False,
+    optimizer: str = "adamw",
+    seq_len: int | None = None,
+    name: str | None = None,
+    kv_dtype=None,
+    weights_dtype=None,
+    group_size: int = 128,
+    checkpointing: bool = False,
+) -> Estimate:
     """Memory to run a model at `batch` in `dtype`: weights, gradients, optimizer states, KV cache and
     activations, the activations measured by running the model on meta at that batch (not scaled from batch 1).
 
@@ -342,8 +402,9 @@ def estimate(module: nn.Module, batch: int = 1, dtype="bf16", training: bool = F
     sum of the outputs, optimizer step) with the optimizer's states already allocated, as in every step
     after the first; `checkpointing` recomputes each repeated block in backward (see checkpointed).
     """
-    tdtype = check_options(batch, dtype, training, optimizer, seq_len, kv_dtype, weights_dtype, group_size,
-                           checkpointing)
+    tdtype = check_options(
+        batch, dtype, training, optimizer, seq_len, kv_dtype, weights_dtype, group_size, checkpointing
+    )
     weights_dtype = str(weights_dtype).lower() if weights_dtype is not None else None
     if not isinstance(module, nn.Module):
         raise AnalysisError(f"estimate takes a module, not {type(module).__name__}: use zoo.estimate for a name")
@@ -359,26 +420,46 @@ def estimate(module: nn.Module, batch: int = 1, dtype="bf16", training: bool = F
     args, kwargs = make_inputs(spec, batch=batch, seq_len=seq_len, dtype=tdtype)
     kv_bytes = KV_DTYPES[str(kv_dtype).lower()] if kv_dtype is not None else None
     try:
-        with cast_to(module, tdtype), (checkpointed(module) if checkpointing else contextlib.nullcontext()):
-            parts = measure_step(module, args, kwargs, training, optimizer if training else None,
-                                 weights_dtype, group_size, kv_bytes)
+        with cast_to(module, tdtype), checkpointed(module) if checkpointing else contextlib.nullcontext():
+            parts = measure_step(
+                module, args, kwargs, training, optimizer if training else None, weights_dtype, group_size, kv_bytes
+            )
     except AnalysisError:
         raise
     except Exception as e:
         raise AnalysisError(f"the model cannot run on meta, so nothing is estimated: {reason(e)}") from e
     notes = []
     if weights_dtype:
-        notes.append(f"weights: {weights_dtype} weight-only " + (
-            "with one fp32 scale per tensor" if weights_dtype == "fp8" else
-            f"with an fp16 scale per group of {group_size}") + f"; output head, embeddings, norms at {dtype_name(tdtype)}")
+        notes.append(
+            f"weights: {weights_dtype} weight-only "
+            + (
+                "with one fp32 scale per tensor"
+                if weights_dtype == "fp8"
+                else f"with an fp16 scale per group of {group_size}"
+            )
+            + f"; output head, embeddings, norms at {dtype_name(tdtype)}"
+        )
     if parts["kv_cache"]:
         latent = getattr(getattr(module, "config", None), "kv_lora_rank", None)  # DeepSeek's multi-latent attention
-        notes.append("kv_cache: what transformers' cache holds after the prefill" + (
-            " (multi-latent attention: its decompressed keys and values, more than a latent cache)" if latent else ""))
-    return Estimate(name=name or type(module).__name__, batch=batch, dtype=dtype_name(tdtype), training=training,
-                    optimizer=optimizer if training else None,
-                    seq_len=seq_len if seq_len is not None else spec.get("seq_len"), **parts,
-                    kv_dtype=(str(kv_dtype).lower() if kv_dtype is not None else dtype_name(tdtype))
-                    if parts["kv_cache"] else None,
-                    weights_dtype=weights_dtype, group_size=group_size if weights_dtype in ("int8", "int4") else None,
-                    checkpointing=checkpointing, notes=tuple(notes))
+        notes.append(
+            "kv_cache: what transformers' cache holds after the prefill"
+            + (
+                " (multi-latent attention: its decompressed keys and values, more than a latent cache)"
+                if latent
+                else ""
+            )
+        )
+    return Estimate(
+        name=name or type(module).__name__,
+        batch=batch,
+        dtype=dtype_name(tdtype),
+        training=training,
+        optimizer=optimizer if training else None,
+        seq_len=seq_len if seq_len is not None else spec.get("seq_len"),
+        **parts,
+        kv_dtype=(str(kv_dtype).lower() if kv_dtype is not None else dtype_name(tdtype)) if parts["kv_cache"] else None,
+        weights_dtype=weights_dtype,
+        group_size=group_size if weights_dtype in ("int8", "int4") else None,
+        checkpointing=checkpointing,
+        notes=tuple(notes),
+    )

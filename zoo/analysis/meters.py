@@ -140,8 +140,9 @@ class _FlopCount:
         found = self._composite.get(func)
         if found is None:
             key = torch._C.DispatchKey.CompositeImplicitAutograd
-            found = self._composite[func] = (
-                key in func.py_kernels or torch._C._dispatch_has_kernel_for_dispatch_key(func.name(), key))
+            found = self._composite[func] = key in func.py_kernels or torch._C._dispatch_has_kernel_for_dispatch_key(
+                func.name(), key
+            )
         return found
 
 
@@ -186,8 +187,7 @@ class FusedAttention(torch.overrides.TorchFunctionMode):
         return func(*args, **kwargs)
 
 
-def _flash_for_cpu(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
-                   enable_gqa=False):
+def _flash_for_cpu(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
     tensors = [query, key, value] + ([attn_mask] if attn_mask is not None else [])
     if not all(isinstance(t, torch.Tensor) and t.is_meta for t in tensors) or query.dim() != 4:
         return None
@@ -200,23 +200,34 @@ def _flash_for_cpu(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=F
         return None
 
     def stand_in(t):  # CPU, one row of storage: the choice reads shapes, dtypes, the last stride, requires_grad
-        row = torch.zeros((1,) * (t.dim() - 1) + (t.shape[-1],), dtype=t.dtype, device="cpu",
-                          requires_grad=t.requires_grad and torch.is_grad_enabled())
+        row = torch.zeros(
+            (1,) * (t.dim() - 1) + (t.shape[-1],),
+            dtype=t.dtype,
+            device="cpu",
+            requires_grad=t.requires_grad and torch.is_grad_enabled(),
+        )
         return row.expand(t.shape)
 
     from torch.nn.attention import SDPBackend
 
     try:
-        choice = torch._fused_sdp_choice(stand_in(query), stand_in(key), stand_in(value),
-                                         attn_mask=stand_in(attn_mask) if attn_mask is not None else None,
-                                         dropout_p=dropout_p, is_causal=is_causal, scale=scale,
-                                         **({"enable_gqa": True} if grouped else {}))
+        choice = torch._fused_sdp_choice(
+            stand_in(query),
+            stand_in(key),
+            stand_in(value),
+            attn_mask=stand_in(attn_mask) if attn_mask is not None else None,
+            dropout_p=dropout_p,
+            is_causal=is_causal,
+            scale=scale,
+            **({"enable_gqa": True} if grouped else {}),
+        )
     except (RuntimeError, ValueError, TypeError):  # shapes SDPA itself will refuse: let it say so
         return None
     if choice != int(SDPBackend.FLASH_ATTENTION):
         return None
     return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
-        query, key, value, dropout_p, is_causal, attn_mask=attn_mask, scale=scale)[0]
+        query, key, value, dropout_p, is_causal, attn_mask=attn_mask, scale=scale
+    )[0]
 
 
 def _flash_cpu_flops(query_shape, key_shape, value_shape, *args, out_shape=None, **kwargs) -> int:
@@ -225,7 +236,9 @@ def _flash_cpu_flops(query_shape, key_shape, value_shape, *args, out_shape=None,
 
     # grouped heads: each query head attends to its group's keys, the work of repeated key/value heads
     heads = query_shape[1]
-    return sdpa_flop_count(query_shape, (*key_shape[:1], heads, *key_shape[2:]), (*value_shape[:1], heads, *value_shape[2:]))
+    return sdpa_flop_count(
+        query_shape, (*key_shape[:1], heads, *key_shape[2:]), (*value_shape[:1], heads, *value_shape[2:])
+    )
 
 
 def _grouped_mm_flops(a_shape, b_shape, *args, out_shape=None, **kwargs) -> int:
@@ -254,9 +267,13 @@ def flop_counter():
     """torch.utils.flop_counter.FlopCounterMode counting the whole forward (get_total_flops)."""
     from torch.utils.flop_counter import FlopCounterMode
 
-    counter = FlopCounterMode(display=False, custom_mapping={
-        torch.ops.aten._scaled_dot_product_flash_attention_for_cpu: _flash_cpu_flops,
-        **({torch.ops.aten._grouped_mm: _grouped_mm_flops} if hasattr(torch.ops.aten, "_grouped_mm") else {})})
+    counter = FlopCounterMode(
+        display=False,
+        custom_mapping={
+            torch.ops.aten._scaled_dot_product_flash_attention_for_cpu: _flash_cpu_flops,
+            **({torch.ops.aten._grouped_mm: _grouped_mm_flops} if hasattr(torch.ops.aten, "_grouped_mm") else {}),
+        },
+    )
     counter.mod_tracker = _GlobalOnly()
     return counter
 
@@ -311,4 +328,3 @@ class SavedBytes:
 
     def __exit__(self, *exc):
         return self._hooks.__exit__(*exc)
-

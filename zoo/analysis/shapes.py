@@ -51,8 +51,11 @@ def _sizes(module: nn.Module) -> dict[str, tuple[int, int, int]]:
     for name, mod in module.named_modules():
         params = {id(p): p for p in mod.parameters()}.values()
         buffers = {id(b): b for b in mod.buffers()}.values()
-        out[name] = (sum(p.numel() for p in params), sum(p.numel() * p.element_size() for p in params),
-                     sum(b.numel() * b.element_size() for b in buffers))
+        out[name] = (
+            sum(p.numel() for p in params),
+            sum(p.numel() * p.element_size() for p in params),
+            sum(b.numel() * b.element_size() for b in buffers),
+        )
     return out
 
 
@@ -99,7 +102,9 @@ def scan(module: nn.Module, *inputs, batch: int = 1, train: bool = False, strict
         raise InvalidArgument(f"batch must be a whole number from 1 to 2**31 - 1, not {batch!r:.40}")
     names = {id(m): n for n, m in module.named_modules()}
     sizes = _sizes(module)
-    rows = {n: ModuleScan(n, type(m).__name__, n.count(".") + 1 if n else 0, *sizes[n]) for n, m in module.named_modules()}
+    rows = {
+        n: ModuleScan(n, type(m).__name__, n.count(".") + 1 if n else 0, *sizes[n]) for n, m in module.named_modules()
+    }
     if inputs or kwargs:
         args, kw = _given(module, inputs, kwargs)
     else:
@@ -133,4 +138,3 @@ def scan(module: nn.Module, *inputs, batch: int = 1, train: bool = False, strict
         for h in handles:
             h.remove()
     return Scan(list(rows.values()), outputs_of(out))
-

@@ -7,17 +7,22 @@ import re
 import sys
 
 from zoo import render
-from zoo.cli.bench import add_parser as add_bench_parser, measured_columns, measurement_rows
-from zoo.cli.index import add_parser as add_index_parser, progress_reporter
-from zoo.render import human, printable, table
+from zoo.cli.bench import add_parser as add_bench_parser
+from zoo.cli.bench import measured_columns, measurement_rows
+from zoo.cli.index import add_parser as add_index_parser
+from zoo.cli.index import progress_reporter
 from zoo.errors import AnalysisError, InvalidArgument, ZooError
+from zoo.render import human, printable, table
 
 
 def cmd_search(zoo, args) -> int:
     if args.fields:
         rows = render.field_rows()
-        print(json.dumps([dict(zip(("field", "type", "unit", "meaning"), r)) for r in rows], indent=1) if args.json
-              else table([["field", "type", "unit", "meaning"], *rows]))
+        print(
+            json.dumps([dict(zip(("field", "type", "unit", "meaning"), r)) for r in rows], indent=1)
+            if args.json
+            else table([["field", "type", "unit", "meaning"], *rows])
+        )
         return 0
     found = zoo.search(args.expression, order_by=args.sort, limit=None if args.limit == 0 else args.limit)
     if args.json:
@@ -36,10 +41,12 @@ def cmd_search(zoo, args) -> int:
 
 def _whole(minimum: int, what: str):
     """An argparse type: a whole number from `minimum` up (and below 2**63, what a database can take)."""
+
     def parse(text: str) -> int:
         if not text.strip().isdigit() or not minimum <= int(text) < 2**63:
             raise argparse.ArgumentTypeError(f"{what} is a whole number >= {minimum}, not {text!r}")
         return int(text)
+
     return parse
 
 
@@ -48,9 +55,19 @@ def _show_tree(zoo, info, args) -> int:
     result = zoo.scan(info.name, strict=False)
     modules = [m for m in result.modules if args.depth is None or m.depth <= args.depth]
     if args.json:
-        print(json.dumps({"name": info.name, "error": result.error, "outputs": result.outputs,
-                          "modules": [m for m in result.as_dict()["modules"] if args.depth is None
-                                      or m["depth"] <= args.depth]}, indent=1))
+        print(
+            json.dumps(
+                {
+                    "name": info.name,
+                    "error": result.error,
+                    "outputs": result.outputs,
+                    "modules": [
+                        m for m in result.as_dict()["modules"] if args.depth is None or m["depth"] <= args.depth
+                    ],
+                },
+                indent=1,
+            )
+        )
         return 0
     from rich.console import Console
     from rich.markup import escape
@@ -58,8 +75,11 @@ def _show_tree(zoo, info, args) -> int:
     console = Console(width=None if sys.stdout.isatty() else 100_000)  # piped: whole lines, no cropping
     console.print(render.module_tree(info.name, modules))
     if result.error:
-        stopped = "no forward: " if result.error.startswith("this module has no recorded input") else \
-            "the forward stopped on meta: "
+        stopped = (
+            "no forward: "
+            if result.error.startswith("this module has no recorded input")
+            else "the forward stopped on meta: "
+        )
         console.print(f"[yellow]{stopped}[/yellow]{printable(escape(result.error))}")
     return 0
 
@@ -85,19 +105,33 @@ def cmd_show(zoo, args) -> int:
 
 
 # Zoo.estimate's arguments as `zoo estimate` spells them, for its errors
-_FLAGS = {"weights_dtype": "--weights-dtype", "kv_dtype": "--kv-dtype", "seq_len": "--seq-len",
-          "group_size": "--group-size", "training=True": "--training"}
+_FLAGS = {
+    "weights_dtype": "--weights-dtype",
+    "kv_dtype": "--kv-dtype",
+    "seq_len": "--seq-len",
+    "group_size": "--group-size",
+    "training=True": "--training",
+}
 
 
 def cmd_estimate(zoo, args) -> int:
     try:
-        result = zoo.estimate(args.name, batch=args.batch, dtype=args.dtype, training=args.training,
-                              optimizer=args.optimizer, seq_len=args.seq_len, kv_dtype=args.kv_dtype,
-                              weights_dtype=args.weights_dtype, group_size=args.group_size,
-                              checkpointing=args.checkpointing)
+        result = zoo.estimate(
+            args.name,
+            batch=args.batch,
+            dtype=args.dtype,
+            training=args.training,
+            optimizer=args.optimizer,
+            seq_len=args.seq_len,
+            kv_dtype=args.kv_dtype,
+            weights_dtype=args.weights_dtype,
+            group_size=args.group_size,
+            checkpointing=args.checkpointing,
+        )
     except AnalysisError as e:
-        raise AnalysisError(re.sub("|".join(rf"\b{re.escape(a)}(?![\w-])" for a in _FLAGS),
-                                   lambda m: _FLAGS[m.group()], str(e))) from None
+        raise AnalysisError(
+            re.sub("|".join(rf"\b{re.escape(a)}(?![\w-])" for a in _FLAGS), lambda m: _FLAGS[m.group()], str(e))
+        ) from None
     if args.json:
         print(json.dumps(result.as_dict(), indent=1))
         return 0
@@ -105,16 +139,24 @@ def cmd_estimate(zoo, args) -> int:
     seq = f", seq_len {result.seq_len}" if result.seq_len else ""
     if result.checkpointing:
         mode += ", activation checkpointing"
-    quantized = f" ({result.weights_dtype}" + (f", group {result.group_size})" if result.group_size else ")") \
-        if result.weights_dtype else ""
-    rows = [[f"{args.name}: batch {result.batch}, {result.dtype}, {mode}{seq}", ""],
-            [f"weights{quantized}", human(result.weights, "B")]]
+    quantized = (
+        f" ({result.weights_dtype}" + (f", group {result.group_size})" if result.group_size else ")")
+        if result.weights_dtype
+        else ""
+    )
+    rows = [
+        [f"{args.name}: batch {result.batch}, {result.dtype}, {mode}{seq}", ""],
+        [f"weights{quantized}", human(result.weights, "B")],
+    ]
     if result.kv_cache:
         rows.append([f"KV cache ({result.kv_dtype})", human(result.kv_cache, "B")])
     if result.training:
         rows += [["gradients", human(result.gradients, "B")], ["optimizer states", human(result.optimizer_states, "B")]]
-    rows += [["inputs", human(result.inputs, "B")], ["activations (peak, measured on meta)", human(result.activations, "B")],
-             ["total (measured peak)", human(result.total, "B")]]
+    rows += [
+        ["inputs", human(result.inputs, "B")],
+        ["activations (peak, measured on meta)", human(result.activations, "B")],
+        ["total (measured peak)", human(result.total, "B")],
+    ]
     if result.upper_bound != result.total:
         rows.append(["sum of the parts (upper bound)", human(result.upper_bound, "B")])
     print(table(rows))
@@ -128,11 +170,18 @@ def cmd_check(zoo, args) -> int:
     if args.json:
         print(json.dumps(result.as_dict(), indent=1))
     else:
-        print(printable(f"{args.weights}: {len(result.matched)} tensors match {args.name}"
-                        + (" exactly" if result.exact else "")))
-        for label, items in (("missing", result.missing), ("unexpected", result.unexpected),
-                             ("misshaped", [f"{k}: file {list(f)}, model {list(m)}" for k, f, m in result.misshaped]),
-                             ("dtype differs", [f"{k}: file {f}, model {m}" for k, f, m in result.dtype_mismatched])):
+        print(
+            printable(
+                f"{args.weights}: {len(result.matched)} tensors match {args.name}"
+                + (" exactly" if result.exact else "")
+            )
+        )
+        for label, items in (
+            ("missing", result.missing),
+            ("unexpected", result.unexpected),
+            ("misshaped", [f"{k}: file {list(f)}, model {list(m)}" for k, f, m in result.misshaped]),
+            ("dtype differs", [f"{k}: file {f}, model {m}" for k, f, m in result.dtype_mismatched]),
+        ):
             for item in items:
                 print(f"  {label}: {printable(item)}")
     return 0 if not (result.missing or result.unexpected or result.misshaped) else 1
@@ -144,8 +193,11 @@ def cmd_weights(zoo, args) -> int:
     if args.path is None:
         raise InvalidArgument("zoo weights add NAME PATH: give the weights file to record")
     sha256 = zoo.add_weights(args.name, args.path, tag=args.tag, strict=not args.allow_partial)
-    print(json.dumps({"name": args.name, "tag": args.tag, "sha256": sha256}) if args.json
-          else f"recorded {args.path} as {args.name} weights {args.tag!r} (sha256 {sha256[:16]}...)")
+    print(
+        json.dumps({"name": args.name, "tag": args.tag, "sha256": sha256})
+        if args.json
+        else f"recorded {args.path} as {args.name} weights {args.tag!r} (sha256 {sha256[:16]}...)"
+    )
     return 0
 
 
@@ -183,8 +235,10 @@ def cmd_db(zoo, args) -> int:
     elif args.action == "copy":
         source = Zoo(args.source)
         counts = source.copy_to(args.target, replace=args.replace)
-        print(f"copied {counts['models']} models, {counts['model_tensors']} tensor tables and {counts['weights']} "
-              f"weights tags from {source} to {Zoo(args.target)}")
+        print(
+            f"copied {counts['models']} models, {counts['model_tensors']} tensor tables and {counts['weights']} "
+            f"weights tags from {source} to {Zoo(args.target)}"
+        )
     else:
         print(zoo.revision() or "empty")
     return 0
@@ -203,23 +257,36 @@ def cmd_catalog(zoo, args) -> int:
     bar, report = progress_reporter(args.quiet, "exporting")
     with bar or contextlib.nullcontext():
         done = export_catalog(args.out, zoo.url, trees=args.trees, progress=report)
-    print(f"wrote {done['models']} models to {done['out']}; serve it with any static server, e.g. "
-          f"python -m http.server -d {done['out']}")
+    print(
+        f"wrote {done['models']} models to {done['out']}; serve it with any static server, e.g. "
+        f"python -m http.server -d {done['out']}"
+    )
     return 0
+
+
+def _version() -> str:
+    import zoo
+
+    return zoo.__version__
 
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="zoo", description="A model zoo registry built on the meta device.")
     registry_help = "SQLAlchemy URL or SQLite path (default: $ZOO_REGISTRY or the shipped registry.db)"
     p.add_argument("--registry", help=registry_help)
+    p.add_argument("--version", action="version", version=f"zoo {_version()}")
     # also after the command (`zoo db upgrade --registry new.db`); SUPPRESS keeps one given before it
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--registry", default=argparse.SUPPRESS, help=registry_help)
     sub = p.add_subparsers(dest="command", required=True)
 
     s = sub.add_parser("search", parents=[common], help="search the registry: 'params<1e8 and name~*vit*'")
-    s.add_argument("expression", nargs="?", default=None,
-                   help="a search: FIELD OP VALUE joined by and/or/not, e.g. 'params<1e8 and name~vit_*' (none: all)")
+    s.add_argument(
+        "expression",
+        nargs="?",
+        default=None,
+        help="a search: FIELD OP VALUE joined by and/or/not, e.g. 'params<1e8 and name~vit_*' (none: all)",
+    )
     s.add_argument("--sort", help="field to sort by; -field for descending")
     s.add_argument("--limit", type=_whole(0, "a limit"), default=100, help="at most N rows (0: all)")
     s.add_argument("--fields", action="store_true", help="list the fields a search can use, with units")
@@ -229,25 +296,44 @@ def parser() -> argparse.ArgumentParser:
     s = sub.add_parser("show", parents=[common], help="a model's recorded metadata")
     s.add_argument("name", help=NAME_HELP)
     s.add_argument("--tensors", action="store_true", help="list every tensor")
-    s.add_argument("--tree", action="store_true", help="module tree: params, bytes, output shapes (runs a meta forward)")
-    s.add_argument("--depth", type=_whole(0, "a depth"), default=None, help="with --tree: modules at most N levels deep")
+    s.add_argument(
+        "--tree", action="store_true", help="module tree: params, bytes, output shapes (runs a meta forward)"
+    )
+    s.add_argument(
+        "--depth", type=_whole(0, "a depth"), default=None, help="with --tree: modules at most N levels deep"
+    )
     s.add_argument("--json", action="store_true", help="print JSON instead of text")
     s.set_defaults(run=cmd_show)
 
-    s = sub.add_parser("estimate", parents=[common],
-                       help="memory for a batch: weights, gradients, optimizer states, activations")
+    s = sub.add_parser(
+        "estimate", parents=[common], help="memory for a batch: weights, gradients, optimizer states, activations"
+    )
     s.add_argument("name", help=NAME_HELP)
     s.add_argument("--batch", type=_whole(1, "a batch"), default=1, help="inputs per step")
     s.add_argument("--dtype", default="bf16", help="fp32, bf16, fp16 or fp64 (or float32, bfloat16, half, ...)")
     s.add_argument("--training", action="store_true", help="a training step (forward, backward, optimizer step)")
-    s.add_argument("--optimizer", default="adamw", choices=["adamw", "adam", "sgd", "none"],
-                   help="with --training: the optimizer whose states the step holds")
-    s.add_argument("--seq-len", type=_whole(1, "a sequence length"), default=None, help="sequence length, for models with token inputs")
+    s.add_argument(
+        "--optimizer",
+        default="adamw",
+        choices=["adamw", "adam", "sgd", "none"],
+        help="with --training: the optimizer whose states the step holds",
+    )
+    s.add_argument(
+        "--seq-len",
+        type=_whole(1, "a sequence length"),
+        default=None,
+        help="sequence length, for models with token inputs",
+    )
     s.add_argument("--kv-dtype", default=None, help="KV cache dtype: fp8, int8, bf16, fp16, fp32 (default: --dtype)")
-    s.add_argument("--weights-dtype", default=None, choices=["int8", "int4", "fp8"],
-                   help="weight-only quantization of the weights term (inference)")
-    s.add_argument("--group-size", type=_whole(1, "a group size"), default=128,
-                   help="int8/int4: elements per fp16 scale")
+    s.add_argument(
+        "--weights-dtype",
+        default=None,
+        choices=["int8", "int4", "fp8"],
+        help="weight-only quantization of the weights term (inference)",
+    )
+    s.add_argument(
+        "--group-size", type=_whole(1, "a group size"), default=128, help="int8/int4: elements per fp16 scale"
+    )
     s.add_argument("--checkpointing", action="store_true", help="with --training: activation checkpointing")
     s.add_argument("--json", action="store_true", help="print JSON instead of text")
     s.set_defaults(run=cmd_estimate)
@@ -261,9 +347,12 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--json", action="store_true", help="print JSON instead of text")
     s.set_defaults(run=cmd_check)
 
-    s = sub.add_parser("weights", parents=[common],
-                       help="add: record a weights file for a model under a tag (sha256 checked on load); "
-                            "list: every pretrained variant of an architecture and its recorded tags")
+    s = sub.add_parser(
+        "weights",
+        parents=[common],
+        help="add: record a weights file for a model under a tag (sha256 checked on load); "
+        "list: every pretrained variant of an architecture and its recorded tags",
+    )
     s.add_argument("action", choices=["add", "list"], help="add a file under a tag, or list variants and tags")
     s.add_argument("name", help=NAME_HELP)
     s.add_argument("path", nargs="?", help="add: the weights file")
@@ -307,7 +396,9 @@ class _DefaultsHelp(argparse.HelpFormatter):
 
     def _get_help_string(self, action) -> str:
         shown = action.option_strings and action.default not in (None, False, argparse.SUPPRESS)
-        return (action.help or "") + (" (default: %(default)s)" if shown and "default" not in (action.help or "") else "")
+        return (action.help or "") + (
+            " (default: %(default)s)" if shown and "default" not in (action.help or "") else ""
+        )
 
 
 def _glue_negative_sort(argv: list[str]) -> list[str]:
@@ -335,4 +426,3 @@ def main(argv=None) -> int:
         return 1
     except BrokenPipeError:
         return 0
-

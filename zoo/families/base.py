@@ -113,8 +113,9 @@ def weights_tag(builder: str, weights) -> str | bool:
 
 
 def tokenize(name: str, text: str) -> list[int]:
-    raise AnalysisError("text is scanned for a registered hf model, as its one input: "
-                        "zoo.scan('hf/ORG/NAME', 'some text')")
+    raise AnalysisError(
+        "text is scanned for a registered hf model, as its one input: zoo.scan('hf/ORG/NAME', 'some text')"
+    )
 
 
 def load_arguments(builder: str, kwargs: dict) -> dict | None:
@@ -126,4 +127,3 @@ def preprocess(info) -> dict:
     if isinstance(recorded, dict) and recorded.get("input_size"):
         return dict(recorded)
     raise InvalidArgument(f"{info.name}: no recorded preprocessing, and {info.family} models publish none")
-

@@ -4,11 +4,23 @@ import math
 from pathlib import Path
 
 from zoo.errors import CheckpointError, NotBuildable
-from zoo.inspection import TensorInfo
 from zoo.families.base import (  # noqa: F401 - the protocol's answers it takes as they are
-    CONSTRUCTION_DECIDES, INPUTS_RECORDED, LANGUAGE_MODEL, PRETRAINED, PUBLISHED_RESULTS, architecture_columns,
-    load_arguments, preprocess, read_results, results_folder, tokenize, variant_name, variants, weights_tag,
+    CONSTRUCTION_DECIDES,
+    INPUTS_RECORDED,
+    LANGUAGE_MODEL,
+    PRETRAINED,
+    PUBLISHED_RESULTS,
+    architecture_columns,
+    load_arguments,
+    preprocess,
+    read_results,
+    results_folder,
+    tokenize,
+    variant_name,
+    variants,
+    weights_tag,
 )
+from zoo.inspection import TensorInfo
 from zoo.weights.sources import PICKLE_SUFFIXES
 
 NAME = "checkpoint"
@@ -42,11 +54,15 @@ def read_tensors(path: str) -> list[TensorInfo]:
         from zoo.weights.safetensors_format import read_header
 
         entries, _ = read_header(path)
-        return [TensorInfo(e.name, "parameter", True, e.shape, e.dtype, math.prod(e.shape), e.end - e.start)
-                for e in entries]
+        return [
+            TensorInfo(e.name, "parameter", True, e.shape, e.dtype, math.prod(e.shape), e.end - e.start)
+            for e in entries
+        ]
     if path.suffix in PICKLE_SUFFIXES:
         return _pickle_tensors(path)
-    raise CheckpointError(f"{path}: unknown checkpoint format (want .safetensors, {', '.join(sorted(PICKLE_SUFFIXES))})")
+    raise CheckpointError(
+        f"{path}: unknown checkpoint format (want .safetensors, {', '.join(sorted(PICKLE_SUFFIXES))})"
+    )
 
 
 def _pickle_tensors(path: Path) -> list[TensorInfo]:
@@ -59,6 +75,9 @@ def _pickle_tensors(path: Path) -> list[TensorInfo]:
     rows = []
     for name, spec in specs_of(path).items():
         itemsize = getattr(torch, spec.dtype).itemsize
-        rows.append(TensorInfo(name, "parameter", True, spec.shape, spec.dtype, math.prod(spec.shape),
-                               math.prod(spec.shape) * itemsize))
+        rows.append(
+            TensorInfo(
+                name, "parameter", True, spec.shape, spec.dtype, math.prod(spec.shape), math.prod(spec.shape) * itemsize
+            )
+        )
     return rows

@@ -15,12 +15,23 @@ from pathlib import Path
 from zoo.errors import CheckpointError, InvalidRecipe, UntrustedBuilder
 from zoo.families import torch_version
 from zoo.families.base import (  # noqa: F401 - the protocol's answers it takes as they are
-    BUILDS, CONSTRUCTION_DECIDES, INPUTS_RECORDED, PRETRAINED, PUBLISHED_RESULTS, architecture_columns,
-    load_arguments, preprocess, read_results, results_folder, variant_name, variants, weights_tag,
+    BUILDS,
+    CONSTRUCTION_DECIDES,
+    INPUTS_RECORDED,
+    PRETRAINED,
+    PUBLISHED_RESULTS,
+    architecture_columns,
+    load_arguments,
+    preprocess,
+    read_results,
+    results_folder,
+    variant_name,
+    variants,
+    weights_tag,
 )
 from zoo.recipe import Recipe
-from zoo.weights.paths import open_regular
 from zoo.weights.hub import REPO_ID
+from zoo.weights.paths import open_regular
 
 NAME = "hf"
 LANGUAGE_MODEL = True  # its rows get the language-model fields (zoo.analysis.llm): KV cache, active params, ...
@@ -58,8 +69,10 @@ def check(builder: str, kwargs: dict, trusted: set[str] | None = None) -> None:
     _check_config(kwargs)
     remote = _remote_code_keys(kwargs)  # the config and any override, at any depth
     if remote:
-        raise UntrustedBuilder(f"config asks for remote code ({', '.join(sorted(remote))}); zoo builds only "
-                               f"transformers' own classes and never runs code from a repository")
+        raise UntrustedBuilder(
+            f"config asks for remote code ({', '.join(sorted(remote))}); zoo builds only "
+            f"transformers' own classes and never runs code from a repository"
+        )
 
 
 def _check_config(kwargs: dict) -> None:
@@ -68,10 +81,15 @@ def _check_config(kwargs: dict) -> None:
     config = kwargs["config"]
     model_type = kwargs.get("model_type", config.get("model_type"))  # an override wins, as in _config_object
     if not isinstance(model_type, str):
-        raise InvalidRecipe("config has no model_type" if model_type is None else
-                            f"config's model_type is a string, not {type(model_type).__name__} ({str(model_type)[:80]})")
+        raise InvalidRecipe(
+            "config has no model_type"
+            if model_type is None
+            else f"config's model_type is a string, not {type(model_type).__name__} ({str(model_type)[:80]})"
+        )
     architectures = kwargs.get("architectures", config.get("architectures"))
-    if architectures is not None and not (isinstance(architectures, list) and all(isinstance(a, str) for a in architectures)):
+    if architectures is not None and not (
+        isinstance(architectures, list) and all(isinstance(a, str) for a in architectures)
+    ):
         raise InvalidRecipe(f"config's architectures is a list of class names, not {str(architectures)[:80]}")
 
 
@@ -89,13 +107,17 @@ def _check_bounds(kwargs: dict) -> None:
     while todo:
         value, path, depth = todo.pop()
         if depth > MAX_DEPTH:
-            raise InvalidRecipe(f"config key {path!r} is nested more than {MAX_DEPTH} levels deep: not a model's config")
+            raise InvalidRecipe(
+                f"config key {path!r} is nested more than {MAX_DEPTH} levels deep: not a model's config"
+            )
         items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
         for key, item in items:
             where = f"{path}.{key}" if path else str(key)
             if isinstance(key, str) and _LAYER_COUNT.search(key) and type(item) is int and item > MAX_LAYERS:
                 # (negative values are layer indices: LLaVA's vision_feature_layer -2)
-                raise InvalidRecipe(f"config key {where!r} = {item}: more layers than any model's (at most {MAX_LAYERS})")
+                raise InvalidRecipe(
+                    f"config key {where!r} = {item}: more layers than any model's (at most {MAX_LAYERS})"
+                )
             if isinstance(item, (dict, list)):
                 todo.append((item, where, depth + 1))
 
@@ -120,8 +142,10 @@ def _config_object(kwargs: dict):
     data = {**kwargs["config"], **{k: v for k, v in kwargs.items() if k != "config"}}
     model_type = data["model_type"]
     if model_type not in CONFIG_MAPPING:
-        raise InvalidRecipe(f"model_type {model_type!r} is not known to the installed transformers "
-                            f"{transformers.__version__}; zoo does not run a repository's own code")
+        raise InvalidRecipe(
+            f"model_type {model_type!r} is not known to the installed transformers "
+            f"{transformers.__version__}; zoo does not run a repository's own code"
+        )
     return CONFIG_MAPPING[model_type].from_dict(data)
 
 
@@ -165,16 +189,27 @@ def input_spec(module) -> dict | None:
         kwargs["decoder_input_ids"] = _TOKENS
     if any(v is _TOKENS for v in kwargs.values()):
         text = getattr(config, "text_config", None) or config  # a dual encoder's text tower (CLIP: 77)
-        limit = next((getattr(text, k) for k in ("max_position_embeddings", "max_target_positions", "n_positions")
-                      if getattr(text, k, None)), None)
+        limit = next(
+            (
+                getattr(text, k)
+                for k in ("max_position_embeddings", "max_target_positions", "n_positions")
+                if getattr(text, k, None)
+            ),
+            None,
+        )
         return {"kwargs": kwargs, "seq_len": min(SEQ_LEN, int(limit)) if limit else SEQ_LEN}
     return {"kwargs": kwargs}
 
 
 def _pixels(config) -> list[int]:
     size = config.image_size
-    height, width = (size, size) if isinstance(size, int) else (size["height"], size["width"]) if isinstance(
-        size, dict) else tuple(size)
+    height, width = (
+        (size, size)
+        if isinstance(size, int)
+        else (size["height"], size["width"])
+        if isinstance(size, dict)
+        else tuple(size)
+    )
     return [int(getattr(config, "num_channels", 3)), int(height), int(width)]
 
 
@@ -188,7 +223,8 @@ def versions() -> dict:
     return {"torch": torch_version(), "transformers": version("transformers")}
 
 
-# --- config sources -> recipes (the indexer records them: zoo.indexing.indexer.index_configs) ------------------------------------------------------
+# --- config sources -> recipes (the indexer records them: zoo.indexing.indexer.index_configs) -------------------------
+
 
 def head_of(config: dict) -> str:
     """The auto class for a config: the one whose mapping lists its `architectures` class, else the
@@ -291,8 +327,10 @@ def tokenize(name: str, text: str) -> list[int]:
     from zoo.errors import TokenizerNotCached
 
     if not is_repo_id(name):
-        raise TokenizerNotCached(f"text needs a hub model's tokenizer; {name!r} is not a hub repo id: "
-                                 f"give token-id shapes instead, e.g. zoo.scan(name, (1, 16))")
+        raise TokenizerNotCached(
+            f"text needs a hub model's tokenizer; {name!r} is not a hub repo id: "
+            f"give token-id shapes instead, e.g. zoo.scan(name, (1, 16))"
+        )
     from transformers import AutoTokenizer
 
     try:
@@ -301,5 +339,6 @@ def tokenize(name: str, text: str) -> list[int]:
         raise TokenizerNotCached(
             f"the tokenizer of {name} is not in the local Hugging Face cache ({type(e).__name__}); download it "
             f"with `hf download {name} tokenizer.json tokenizer_config.json`, or give token-id "
-            f"shapes instead, e.g. zoo.scan('hf/{name}', (1, 16))") from None
+            f"shapes instead, e.g. zoo.scan('hf/{name}', (1, 16))"
+        ) from None
     return list(tokenizer(text)["input_ids"])

@@ -9,7 +9,7 @@ every model type it covers, and reads each per-expert key straight into its part
 
 import re
 import sys
-from typing import Callable
+from collections.abc import Callable
 
 from zoo.errors import CheckpointError
 from zoo.weights.fit import WRAPPER_PREFIXES, Part
@@ -48,7 +48,7 @@ def hf_key_map(module, names) -> Callable | None:
     def convert_unwrapped(key: str):
         """A key saved from a wrapper (DDP's `module.`, torch.compile's `_orig_mod.`) is read without it."""
         direct = convert(key)
-        for found in [direct, *(convert(key[len(p):]) for p in WRAPPER_PREFIXES if key.startswith(p))]:
+        for found in [direct, *(convert(key[len(p) :]) for p in WRAPPER_PREFIXES if key.startswith(p))]:
             if (found[0] if isinstance(found, tuple) else found) in names:
                 return found
         return direct
@@ -59,8 +59,8 @@ def hf_key_map(module, names) -> Callable | None:
 def _with_prefix(name: str, names: set, prefix: str) -> str:
     if name in names or not prefix:
         return name
-    if name.startswith(prefix + ".") and name[len(prefix) + 1:] in names:
-        return name[len(prefix) + 1:]
+    if name.startswith(prefix + ".") and name[len(prefix) + 1 :] in names:
+        return name[len(prefix) + 1 :]
     return f"{prefix}.{name}" if f"{prefix}.{name}" in names else name
 
 
@@ -69,8 +69,10 @@ def _part(key: str, name: str, converter, pattern: str) -> Part:
     then, for several source patterns (gate and up), concatenated on dim 1 in pattern order."""
     ops = [(type(op).__name__, getattr(op, "dim", None)) for op in converter.operations]
     if ops not in ([("MergeModulelist", 0)], [("MergeModulelist", 0), ("Concatenate", 1)]):
-        raise CheckpointError(f"{key}: transformers converts this key with {', '.join(o for o, _ in ops)}; zoo "
-                              f"reads in place only experts stacked (and concatenated) the way MoE models fuse them")
+        raise CheckpointError(
+            f"{key}: transformers converts this key with {', '.join(o for o, _ in ops)}; zoo "
+            f"reads in place only experts stacked (and concatenated) the way MoE models fuse them"
+        )
     found = re.search(re.escape(pattern).replace(r"\*", r"(\d+)"), name)
     if found is None or not found.groups():
         raise CheckpointError(f"{key}: no expert index where transformers' pattern {pattern!r} expects one")

@@ -7,7 +7,11 @@ from zoo.caching import register
 from zoo.errors import InvalidArgument, UntrustedBuilder
 from zoo.families import torch_version
 from zoo.families.base import (  # noqa: F401 - the protocol's answers it takes as they are
-    BUILDS, INPUTS_RECORDED, LANGUAGE_MODEL, tokenize, weights_tag,
+    BUILDS,
+    INPUTS_RECORDED,
+    LANGUAGE_MODEL,
+    tokenize,
+    weights_tag,
 )
 
 NAME = "timm"
@@ -62,8 +66,8 @@ def build(builder: str, kwargs: dict):
 
 
 def load_arguments(builder: str, kwargs: dict) -> dict | None:
-    """timm's load_pretrained arguments (zoo.families.timm_loader), for a tag, or an architecture whose default cfg names
-    published weights; a second meta build, at index time, that a pretrained load then skips."""
+    """timm's load_pretrained arguments (zoo.families.timm_loader), for a tag, or an architecture whose default cfg
+    names published weights; a second meta build, at index time, that a pretrained load then skips."""
     from timm.models import get_pretrained_cfg
 
     cfg = get_pretrained_cfg(builder)
@@ -85,8 +89,11 @@ def describe(builder: str, module, tag: str | None = None) -> dict:
     else:
         cfg = getattr(module, "pretrained_cfg", None) or {}
     size = cfg.get("input_size")
-    return {"task": "image-classification", "input_size": list(size) if size else None,
-            "input": {"args": [list(size)]} if size else None}  # zoo.analysis input spec: one image batch
+    return {
+        "task": "image-classification",
+        "input_size": list(size) if size else None,
+        "input": {"args": [list(size)]} if size else None,
+    }  # zoo.analysis input spec: one image batch
 
 
 def versions() -> dict:
@@ -96,6 +103,7 @@ def versions() -> dict:
 
 
 # --- pretrained variants: a row per tag of timm.list_pretrained(), "resnet50.a1_in1k" ----------------------------
+
 
 # The published validation sets (catalog/timm-results, see its README): CSV file -> the searchable prefix
 # of its top1/top5 columns (zoo.columns).
@@ -125,8 +133,12 @@ def preprocess(info) -> dict:
 
 
 RESULT_SETS = {
-    "imagenet": "", "imagenet-real": "real_", "imagenetv2-matched-frequency": "v2_", "sketch": "sketch_",
-    "imagenet-a": "a_", "imagenet-r": "r_",
+    "imagenet": "",
+    "imagenet-real": "real_",
+    "imagenetv2-matched-frequency": "v2_",
+    "sketch": "sketch_",
+    "imagenet-a": "a_",
+    "imagenet-r": "r_",
 }
 _CARD_KEYS = ("paper_ids", "paper_name", "origin_url", "notes", "description")
 
@@ -137,8 +149,10 @@ def read_results(folder) -> dict:
     if folder is None:
         folder = results_folder()
     if folder is None:
-        raise InvalidArgument("timm's published results (a checkout's catalog/timm-results) are not here: pass the "
-                              "folder that holds results-imagenet.csv (zoo index timm --pretrained --results DIR)")
+        raise InvalidArgument(
+            "timm's published results (a checkout's catalog/timm-results) are not here: pass the "
+            "folder that holds results-imagenet.csv (zoo index timm --pretrained --results DIR)"
+        )
     import csv
     from pathlib import Path
 
@@ -146,8 +160,10 @@ def read_results(folder) -> dict:
     for name in RESULT_SETS:
         path = Path(folder) / f"results-{name}.csv"
         if not path.is_file():
-            raise InvalidArgument(f"{path} is missing: the results folder holds timm's published results-*.csv "
-                                  f"({', '.join(RESULT_SETS)}), as catalog/timm-results does")
+            raise InvalidArgument(
+                f"{path} is missing: the results folder holds timm's published results-*.csv "
+                f"({', '.join(RESULT_SETS)}), as catalog/timm-results does"
+            )
         by_tag: dict[str, list] = {}
         with open(path, newline="") as f:
             for row in csv.DictReader(f):
@@ -180,27 +196,49 @@ def variants(patterns=(), results: dict | None = None) -> list[dict]:
         arch, tag = full.split(".", 1)
         metrics, floats = _metrics(full, cfg, results or {})
         if "measured" in (results or {}):  # a results folder with timm's benchmarks and metadata
-            floats.update(measured(arch, cfg.get("input_size"), results["measured"]),
-                          pretrain=results["measured"].get("pretrain", {}).get(full))
-        rows.append({
-            "builder": full, "kwargs": {}, "kind": "variant", "tag": tag, "arch_name": f"{NAME}/{arch}",
-            # timm publishes no dataset field: its tag names the data (in1k, in21k_ft_in1k, laion2b_ft_in12k_in1k)
-            "license": cfg.get("license"), "dataset": tag, "num_classes": cfg.get("num_classes"),
-            "task": "image-classification" if cfg.get("num_classes") else "image-feature-extraction",
-            "weights_bytes": None,  # timm's cfgs do not publish file sizes
-            "weights_source": {"hf_hub_id": cfg.get("hf_hub_id"), "hf_hub_filename": cfg.get("hf_hub_filename"),
-                               "url": cfg.get("url") or None},
-            "preprocess": {k: _plain(cfg.get(k)) for k in PREPROCESS_KEYS},
-            "card": {k: cfg[k] for k in _CARD_KEYS if cfg.get(k)},
-            "metrics": metrics, **floats,
-        })
+            floats.update(
+                measured(arch, cfg.get("input_size"), results["measured"]),
+                pretrain=results["measured"].get("pretrain", {}).get(full),
+            )
+        rows.append(
+            {
+                "builder": full,
+                "kwargs": {},
+                "kind": "variant",
+                "tag": tag,
+                "arch_name": f"{NAME}/{arch}",
+                # timm publishes no dataset field: its tag names the data (in1k, in21k_ft_in1k, laion2b_ft_in12k_in1k)
+                "license": cfg.get("license"),
+                "dataset": tag,
+                "num_classes": cfg.get("num_classes"),
+                "task": "image-classification" if cfg.get("num_classes") else "image-feature-extraction",
+                "weights_bytes": None,  # timm's cfgs do not publish file sizes
+                "weights_source": {
+                    "hf_hub_id": cfg.get("hf_hub_id"),
+                    "hf_hub_filename": cfg.get("hf_hub_filename"),
+                    "url": cfg.get("url") or None,
+                },
+                "preprocess": {k: _plain(cfg.get(k)) for k in PREPROCESS_KEYS},
+                "card": {k: cfg[k] for k in _CARD_KEYS if cfg.get(k)},
+                "metrics": metrics,
+                **floats,
+            }
+        )
     return rows
 
 
 # The keys of a variant's preprocess (the loader builds its transform from them); torchvision's rows use the same
 # keys where they mean the same, and add resize_size.
-PREPROCESS_KEYS = ("input_size", "test_input_size", "crop_pct", "test_crop_pct", "crop_mode", "interpolation",
-                   "mean", "std")
+PREPROCESS_KEYS = (
+    "input_size",
+    "test_input_size",
+    "crop_pct",
+    "test_crop_pct",
+    "crop_mode",
+    "interpolation",
+    "mean",
+    "std",
+)
 
 
 def _plain(value):
@@ -256,9 +294,13 @@ def read_measured(folder) -> dict:
         path, mode = Path(folder) / file, column.split("_", 1)[0]
         if path.is_file():
             with open(path, newline="") as f:
-                out[column] = {(r["model"], int(r[f"{mode}_img_size"])): (
-                    _speed(r[f"{mode}_samples_per_sec"], f"{path}: {r['model']}"), int(r[f"{mode}_batch_size"]))
-                    for r in csv.DictReader(f)}
+                out[column] = {
+                    (r["model"], int(r[f"{mode}_img_size"])): (
+                        _speed(r[f"{mode}_samples_per_sec"], f"{path}: {r['model']}"),
+                        int(r[f"{mode}_batch_size"]),
+                    )
+                    for r in csv.DictReader(f)
+                }
     path = Path(folder) / PRETRAIN_FILE
     if path.is_file():
         from timm.models._registry import _model_default_cfgs, get_deprecated_models

@@ -67,12 +67,18 @@ def _recording(load_pretrained):
         if caught is None:
             return load_pretrained(*args, **kwargs)
         _note(caught, *args, **kwargs)
+
     return guarded
 
 
 def _note(caught, model, pretrained_cfg=None, num_classes=1000, in_chans=3, filter_fn=None, strict=True, **_):
-    caught.update(cfg=dict(pretrained_cfg or model.pretrained_cfg), num_classes=num_classes,
-                  in_chans=in_chans, filter_fn=filter_fn, strict=strict)
+    caught.update(
+        cfg=dict(pretrained_cfg or model.pretrained_cfg),
+        num_classes=num_classes,
+        in_chans=in_chans,
+        filter_fn=filter_fn,
+        strict=strict,
+    )
 
 
 def _catch(builder: str, kwargs: dict) -> dict:
@@ -86,8 +92,10 @@ def _catch(builder: str, kwargs: dict) -> dict:
     with scope(_RECORDING, {}) as caught, no_downloads(), force_meta():
         timm.create_model(builder, **{**kwargs, "pretrained": True})
     if not caught:
-        raise InvalidArgument(f"timm {builder}: create_model(pretrained=True) loads no weights through "
-                              f"load_pretrained; zoo cannot load these weights in place")
+        raise InvalidArgument(
+            f"timm {builder}: create_model(pretrained=True) loads no weights through "
+            f"load_pretrained; zoo cannot load these weights in place"
+        )
     return caught
 
 

@@ -4,8 +4,17 @@ every weights enum ("resnet50.IMAGENET1K_V2") as a variant row, built with the k
 from zoo.errors import InvalidArgument, UntrustedBuilder
 from zoo.families import torch_version
 from zoo.families.base import (  # noqa: F401 - the protocol's answers it takes as they are
-    BUILDS, CONSTRUCTION_DECIDES, INPUTS_RECORDED, LANGUAGE_MODEL, PUBLISHED_RESULTS, architecture_columns,
-    load_arguments, read_results, results_folder, tokenize, variant_name,
+    BUILDS,
+    CONSTRUCTION_DECIDES,
+    INPUTS_RECORDED,
+    LANGUAGE_MODEL,
+    PUBLISHED_RESULTS,
+    architecture_columns,
+    load_arguments,
+    read_results,
+    results_folder,
+    tokenize,
+    variant_name,
 )
 
 NAME = "torchvision"
@@ -61,8 +70,9 @@ def weights_of(builder: str, tag: str | None):
     try:
         return enum[tag]
     except KeyError:
-        raise InvalidArgument(f"torchvision {builder} has no weights {tag!r}: "
-                              f"{', '.join(w.name for w in enum)}") from None
+        raise InvalidArgument(
+            f"torchvision {builder} has no weights {tag!r}: {', '.join(w.name for w in enum)}"
+        ) from None
 
 
 def weights_tag(builder: str, weights):
@@ -77,8 +87,10 @@ def weights_tag(builder: str, weights):
     enum = get_model_weights(builder)
     if isinstance(weights, Enum):
         if not isinstance(weights, enum):
-            raise InvalidArgument(f"{weights} are weights of another model: torchvision {builder} takes "
-                                  f"{enum.__name__} ({', '.join(w.name for w in enum)})")
+            raise InvalidArgument(
+                f"{weights} are weights of another model: torchvision {builder} takes "
+                f"{enum.__name__} ({', '.join(w.name for w in enum)})"
+            )
         return weights.name
     if weights == "DEFAULT":
         return enum.DEFAULT.name
@@ -139,22 +151,36 @@ def versions() -> dict:
 # `is_trained`): their norms' weight and bias are buffers then, not parameters, and the checkpoint has no
 # num_batches_tracked. torchvision's num_params counts that model.
 _FROZEN_NORMS = {
-    "fasterrcnn_resnet50_fpn", "fasterrcnn_mobilenet_v3_large_fpn", "fasterrcnn_mobilenet_v3_large_320_fpn",
-    "fcos_resnet50_fpn", "keypointrcnn_resnet50_fpn", "maskrcnn_resnet50_fpn", "retinanet_resnet50_fpn",
+    "fasterrcnn_resnet50_fpn",
+    "fasterrcnn_mobilenet_v3_large_fpn",
+    "fasterrcnn_mobilenet_v3_large_320_fpn",
+    "fcos_resnet50_fpn",
+    "keypointrcnn_resnet50_fpn",
+    "maskrcnn_resnet50_fpn",
+    "retinanet_resnet50_fpn",
 }
 IS_TRAINED = "is_trained"  # zoo's recipe key for torchvision's is_trained (detection); the builder never sees it
 # torchvision's _metrics -> the searchable float columns (zoo.columns)
 _FLOATS = {
-    ("ImageNet-1K", "acc@1"): "top1", ("ImageNet-1K", "acc@5"): "top5",
-    ("COCO-val2017", "box_map"): "box_map", ("COCO-val2017", "mask_map"): "mask_map",
+    ("ImageNet-1K", "acc@1"): "top1",
+    ("ImageNet-1K", "acc@5"): "top5",
+    ("COCO-val2017", "box_map"): "box_map",
+    ("COCO-val2017", "mask_map"): "mask_map",
     ("COCO-val2017", "kp_map"): "keypoint_map",
-    ("COCO-val2017-VOC-labels", "miou"): "miou", ("COCO-val2017-VOC-labels", "pixel_acc"): "pixel_acc",
-    ("Kinetics-400", "acc@1"): "k400_top1", ("Kinetics-400", "acc@5"): "k400_top5",
+    ("COCO-val2017-VOC-labels", "miou"): "miou",
+    ("COCO-val2017-VOC-labels", "pixel_acc"): "pixel_acc",
+    ("Kinetics-400", "acc@1"): "k400_top1",
+    ("Kinetics-400", "acc@5"): "k400_top5",
 }
 # What the weights were trained on: torchvision names it in the tag (its docs say the same); longest first.
-_DATASETS = {"COCO_WITH_VOC_LABELS": "COCO (20 VOC categories)", "IMAGENET1K_SWAG": "IG-3.6B (SWAG) + ImageNet-1K",
-             "IMAGENET1K": "ImageNet-1K", "COCO": "COCO", "KINETICS400_IMAGENET22K": "ImageNet-22K + Kinetics-400",
-             "KINETICS400": "Kinetics-400"}
+_DATASETS = {
+    "COCO_WITH_VOC_LABELS": "COCO (20 VOC categories)",
+    "IMAGENET1K_SWAG": "IG-3.6B (SWAG) + ImageNet-1K",
+    "IMAGENET1K": "ImageNet-1K",
+    "COCO": "COCO",
+    "KINETICS400_IMAGENET22K": "ImageNet-22K + Kinetics-400",
+    "KINETICS400": "Kinetics-400",
+}
 # RAFT's tags list its training stages: C_T_SKHT_K_V1 = Chairs, Things, Sintel+KITTI+HD1K+Things, KITTI.
 _FLOW_STAGES = {"C": "FlyingChairs", "T": "FlyingThings3D", "SKHT": "Sintel+KITTI+HD1K+FlyingThings3D", "K": "KITTI"}
 
@@ -163,6 +189,8 @@ def dataset_of(tag: str) -> str:
     if tag.startswith("C_T"):
         return " -> ".join(_FLOW_STAGES[s] for s in tag.rsplit("_V", 1)[0].split("_"))
     return next((name for prefix, name in _DATASETS.items() if tag.startswith(prefix)), tag)
+
+
 _CARD_KEYS = ("recipe", "_docs", "min_size", "min_temporal_size", "backend", "unquantized", "license")
 
 
@@ -221,11 +249,20 @@ def preprocess(info) -> dict:
     t = weights_of(info.builder, info.tag if info.kind == "variant" else None).transforms()
     crop, resize = getattr(t, "crop_size", None), getattr(t, "resize_size", None)
     if crop is None or resize is None:
-        raise InvalidArgument(f"torchvision {info.builder} weights transform their input as {type(t).__name__}, "
-                              f"not a resize and crop of one image")
-    return {"input_size": [3, crop[0], crop[0]], "test_input_size": None, "crop_pct": crop[0] / resize[0],
-            "crop_mode": "center", "interpolation": t.interpolation.value, "mean": list(t.mean), "std": list(t.std),
-            "resize_size": resize[0]}
+        raise InvalidArgument(
+            f"torchvision {info.builder} weights transform their input as {type(t).__name__}, "
+            f"not a resize and crop of one image"
+        )
+    return {
+        "input_size": [3, crop[0], crop[0]],
+        "test_input_size": None,
+        "crop_pct": crop[0] / resize[0],
+        "crop_mode": "center",
+        "interpolation": t.interpolation.value,
+        "mean": list(t.mean),
+        "std": list(t.std),
+        "resize_size": resize[0],
+    }
 
 
 def variants(patterns=(), results: dict | None = None) -> list[dict]:
@@ -250,23 +287,43 @@ def variants(patterns=(), results: dict | None = None) -> list[dict]:
             prefix = HASH_REGEX.search(file)
             # NaN (vgg16's IMAGENET1K_FEATURES: a feature extractor, not evaluated) is no number: null
             metrics = {k: {m: None if v != v else v for m, v in d.items()} for k, d in meta.get("_metrics", {}).items()}
-            rows.append({
-                "builder": builder, "kwargs": weights_kwargs(builder, weights), "kind": "variant",
-                "tag": weights.name, "arch_name": f"{NAME}/{builder}", "license": meta.get("license"),
-                "dataset": dataset_of(weights.name),
-                "num_classes": len(meta["categories"]) if meta.get("categories") is not None else None,
-                "task": task_of(builder),
-                # published in MiB with 3 decimals: the bytes to within 1 KiB
-                "weights_bytes": round(meta["_file_size"] * 2**20) if "_file_size" in meta else None,
-                "weights_source": {"url": weights.url, "sha256_prefix": prefix.group(1) if prefix else None,
-                                   "file": file, **_ignored(builder)},
-                "preprocess": preprocess_of(weights),
-                "card": {k.lstrip("_"): _plain(meta[k]) for k in _CARD_KEYS if k in meta}
-                | ({"notes": f"int8 weights ({meta['backend']}): figures are the float model's, as torchvision "
-                             f"publishes them"} if builder.startswith("quantized_") else {}),
-                "metrics": metrics,
-                **{column: metrics[s][m] for (s, m), column in _FLOATS.items() if metrics.get(s, {}).get(m) is not None},
-            })
+            rows.append(
+                {
+                    "builder": builder,
+                    "kwargs": weights_kwargs(builder, weights),
+                    "kind": "variant",
+                    "tag": weights.name,
+                    "arch_name": f"{NAME}/{builder}",
+                    "license": meta.get("license"),
+                    "dataset": dataset_of(weights.name),
+                    "num_classes": len(meta["categories"]) if meta.get("categories") is not None else None,
+                    "task": task_of(builder),
+                    # published in MiB with 3 decimals: the bytes to within 1 KiB
+                    "weights_bytes": round(meta["_file_size"] * 2**20) if "_file_size" in meta else None,
+                    "weights_source": {
+                        "url": weights.url,
+                        "sha256_prefix": prefix.group(1) if prefix else None,
+                        "file": file,
+                        **_ignored(builder),
+                    },
+                    "preprocess": preprocess_of(weights),
+                    "card": {k.lstrip("_"): _plain(meta[k]) for k in _CARD_KEYS if k in meta}
+                    | (
+                        {
+                            "notes": f"int8 weights ({meta['backend']}): figures are the float model's, as torchvision "
+                            f"publishes them"
+                        }
+                        if builder.startswith("quantized_")
+                        else {}
+                    ),
+                    "metrics": metrics,
+                    **{
+                        column: metrics[s][m]
+                        for (s, m), column in _FLOATS.items()
+                        if metrics.get(s, {}).get(m) is not None
+                    },
+                }
+            )
     return rows
 
 
@@ -289,7 +346,14 @@ def preprocess_of(weights) -> dict:
     if crop:
         h, w = (list(crop) * 2)[:2]
         size = [3, h, w]
-    return {"input_size": size, "test_input_size": None, "crop_pct": None, "test_crop_pct": None,
-            "crop_mode": "center" if crop else None, "interpolation": mode.value if mode is not None else None,
-            "mean": _plain(getattr(t, "mean", None)), "std": _plain(getattr(t, "std", None)),
-            "resize_size": _plain(resize)}
+    return {
+        "input_size": size,
+        "test_input_size": None,
+        "crop_pct": None,
+        "test_crop_pct": None,
+        "crop_mode": "center" if crop else None,
+        "interpolation": mode.value if mode is not None else None,
+        "mean": _plain(getattr(t, "mean", None)),
+        "std": _plain(getattr(t, "std", None)),
+        "resize_size": _plain(resize),
+    }

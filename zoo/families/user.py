@@ -8,8 +8,20 @@ from zoo.constants import trusted_modules
 from zoo.errors import InvalidRecipe, UntrustedBuilder
 from zoo.families import torch_version
 from zoo.families.base import (  # noqa: F401 - the protocol's answers it takes as they are
-    BUILDS, CONSTRUCTION_DECIDES, LANGUAGE_MODEL, PRETRAINED, PUBLISHED_RESULTS, architecture_columns,
-    load_arguments, preprocess, read_results, results_folder, tokenize, variant_name, variants, weights_tag,
+    BUILDS,
+    CONSTRUCTION_DECIDES,
+    LANGUAGE_MODEL,
+    PRETRAINED,
+    PUBLISHED_RESULTS,
+    architecture_columns,
+    load_arguments,
+    preprocess,
+    read_results,
+    results_folder,
+    tokenize,
+    variant_name,
+    variants,
+    weights_tag,
 )
 
 NAME = "user"
@@ -31,12 +43,16 @@ def check(builder: str, kwargs: dict, trusted: set[str] | None = None) -> None:
     module, _ = split(builder)
     top = module.split(".")[0]
     if top in ("__main__", "zoo"):
-        raise UntrustedBuilder(f"builder {builder!r} is zoo itself or the running program: name a function of your "
-                               f"own package, e.g. mypkg.models:build_net")
+        raise UntrustedBuilder(
+            f"builder {builder!r} is zoo itself or the running program: name a function of your "
+            f"own package, e.g. mypkg.models:build_net"
+        )
     if top in sys.stdlib_module_names or top in sys.builtin_module_names:
-        raise UntrustedBuilder(f"builder {builder!r} is from Python's standard library, which builds no models "
-                               f"(and os:system or builtins:exec would run anything): name a function of your "
-                               f"own package, e.g. mypkg.models:build_net")
+        raise UntrustedBuilder(
+            f"builder {builder!r} is from Python's standard library, which builds no models "
+            f"(and os:system or builtins:exec would run anything): name a function of your "
+            f"own package, e.g. mypkg.models:build_net"
+        )
     allowed = trusted_modules() if trusted is None else trusted
     if module.split(".")[0] not in allowed:
         raise UntrustedBuilder(

@@ -3,6 +3,7 @@ A row per repo from its config.json alone (never weights), with the hub's metada
 
 import hashlib
 import json
+from datetime import UTC
 
 from zoo.columns import BY_NAME, check_name
 from zoo.errors import InvalidArgument, UntrustedBuilder
@@ -13,7 +14,9 @@ from zoo.registry import db
 
 def hub_key(repo, versions: dict) -> str:
     """What a hub row was recorded from: the repo's commit and the libraries; the same key means nothing to redo."""
-    return hashlib.sha256(json.dumps([RECORD_VERSION, repo.repo_id, repo.sha, versions], sort_keys=True).encode()).hexdigest()
+    return hashlib.sha256(
+        json.dumps([RECORD_VERSION, repo.repo_id, repo.sha, versions], sort_keys=True).encode()
+    ).hexdigest()
 
 
 def _hub_done(row, key: str) -> bool:
@@ -34,13 +37,18 @@ def _hub_done(row, key: str) -> bool:
 def _hub_fields(repo, origin: str, key: str) -> dict:
     modified = repo.last_modified
     if modified is not None and modified.tzinfo is not None:  # stored as naive UTC, like indexed_at
-        from datetime import timezone
-
-        modified = modified.astimezone(timezone.utc).replace(tzinfo=None)
-    return dict(task=repo.pipeline_tag, downloads=repo.downloads, likes=repo.likes, gated=repo.gated, license=repo.license,
-                last_modified=modified, hub_params=repo.hub_params,
-                weights_source=BY_NAME["weights_source"].encode({"hf_hub_id": repo.repo_id, "revision": repo.sha}),
-                card={"origin": origin, "index_key": key, "failure": None, "notes": list(repo.notes)})
+        modified = modified.astimezone(UTC).replace(tzinfo=None)
+    return dict(
+        task=repo.pipeline_tag,
+        downloads=repo.downloads,
+        likes=repo.likes,
+        gated=repo.gated,
+        license=repo.license,
+        last_modified=modified,
+        hub_params=repo.hub_params,
+        weights_source=BY_NAME["weights_source"].encode({"hf_hub_id": repo.repo_id, "revision": repo.sha}),
+        card={"origin": origin, "index_key": key, "failure": None, "notes": list(repo.notes)},
+    )
 
 
 def _params_check(record: dict, hub_params: int | None) -> str | None:
@@ -52,8 +60,10 @@ def _params_check(record: dict, hub_params: int | None) -> str | None:
         return "equal"
     if hub_params == params + buffers:
         return "equal with buffers: the checkpoint stores the module's buffers too"
-    return (f"differs: hub {hub_params:,}, meta build {params:,} parameters (+{buffers:,} buffer elements); "
-            f"hub - meta = {hub_params - params:+,}")
+    return (
+        f"differs: hub {hub_params:,}, meta build {params:,} parameters (+{buffers:,} buffer elements); "
+        f"hub - meta = {hub_params - params:+,}"
+    )
 
 
 def index_hub(url: str, repos, origin: str = "hub listing", force: bool = False, progress=None) -> Outcome:
@@ -63,8 +73,8 @@ def index_hub(url: str, repos, origin: str = "hub listing", force: bool = False,
     from sqlalchemy import select
 
     from zoo.families import hf
-    from zoo.registry.tables import Model
     from zoo.indexing.hub_listing import fetch_config
+    from zoo.registry.tables import Model
 
     db.open_registry(url, write=True, create=True)
     versions = hf.versions()
@@ -90,10 +100,21 @@ def index_hub(url: str, repos, origin: str = "hub listing", force: bool = False,
                 recipe = hf.recipe_of(fetch_config(repo))
             except Exception as e:  # gated, no config.json, remote code, the hub not answering: recorded
                 fields["card"]["failure"] = getattr(e, "kind", None) or (
-                    "remote-code" if isinstance(e, UntrustedBuilder) else "config")
-                record, table = dict(name=name, family=hf.NAME, builder="AutoModel", kwargs="{}",
-                                     versions=json.dumps(versions, sort_keys=True), source_hash=key,
-                                     status="error", error=f"{type(e).__name__}: {e}"), None
+                    "remote-code" if isinstance(e, UntrustedBuilder) else "config"
+                )
+                record, table = (
+                    dict(
+                        name=name,
+                        family=hf.NAME,
+                        builder="AutoModel",
+                        kwargs="{}",
+                        versions=json.dumps(versions, sort_keys=True),
+                        source_hash=key,
+                        status="error",
+                        error=f"{type(e).__name__}: {e}",
+                    ),
+                    None,
+                )
             else:
                 record, table = record_of(name, recipe)
                 check = _params_check(record, repo.hub_params)

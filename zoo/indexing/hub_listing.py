@@ -44,8 +44,10 @@ def list_repos(author=None, search=None, filter=None, limit=None) -> list[HubRep
     if down:
         raise HubUnavailable(f"listing the hub's models failed: {down}", "transient")
     try:
-        return [_from_info(m) for m in HfApi().list_models(author=author, search=search, filter=filter,
-                                                           limit=limit, expand=EXPAND)]
+        return [
+            _from_info(m)
+            for m in HfApi().list_models(author=author, search=search, filter=filter, limit=limit, expand=EXPAND)
+        ]
     except Exception as e:  # the listing itself failed: nothing to index, nothing written
         raise HubUnavailable(f"listing the hub's models failed: {type(e).__name__}: {_first_line(e)}") from None
 
@@ -54,8 +56,17 @@ def _from_info(m) -> HubRepo:
     tags = m.tags or []
     license = next((t.split(":", 1)[1] for t in tags if t.startswith("license:")), None)
     gated = None if m.gated is None else str(m.gated).lower()
-    return HubRepo(m.id, m.sha, m.last_modified, m.downloads, m.likes, gated, license, m.pipeline_tag,
-                   m.safetensors.total if m.safetensors else None)
+    return HubRepo(
+        m.id,
+        m.sha,
+        m.last_modified,
+        m.downloads,
+        m.likes,
+        gated,
+        license,
+        m.pipeline_tag,
+        m.safetensors.total if m.safetensors else None,
+    )
 
 
 def fetch_config(repo: HubRepo) -> dict:
@@ -74,8 +85,11 @@ def fetch_config(repo: HubRepo) -> dict:
     try:
         return read_config(Path(hf_hub_download(repo.repo_id, "config.json", revision=repo.sha)))
     except GatedRepoError:
-        raise HubUnavailable(f"{repo.repo_id} is gated ({repo.gated or 'access required'}): its config.json "
-                                f"needs a token with access (HF_TOKEN or `hf auth login`)", "gated") from None
+        raise HubUnavailable(
+            f"{repo.repo_id} is gated ({repo.gated or 'access required'}): its config.json "
+            f"needs a token with access (HF_TOKEN or `hf auth login`)",
+            "gated",
+        ) from None
     except LocalEntryNotFoundError as e:  # before EntryNotFoundError, its base: the hub was not reached
         raise HubUnavailable(f"{repo.repo_id}: hub not reached: {_first_line(e)}", "transient") from None
     except EntryNotFoundError:
@@ -85,8 +99,9 @@ def fetch_config(repo: HubRepo) -> dict:
         kind = "gated" if status in (401, 403) else "transient"
         raise HubUnavailable(f"{repo.repo_id}: config.json: HTTP {status}: {_first_line(e)}", kind) from None
     except OSError as e:  # connection refused or reset, disk
-        raise HubUnavailable(f"{repo.repo_id}: config.json: {type(e).__name__}: {_first_line(e)}",
-                                "transient") from None
+        raise HubUnavailable(
+            f"{repo.repo_id}: config.json: {type(e).__name__}: {_first_line(e)}", "transient"
+        ) from None
 
 
 def cached_repos(cache_dir=None) -> list[HubRepo]:
@@ -99,8 +114,10 @@ def cached_repos(cache_dir=None) -> list[HubRepo]:
     try:
         info = scan_cache_dir(cache_dir)
     except Exception as e:  # no cache directory; huggingface_hub's message names its own cache_dir argument
-        raise HubUnavailable(f"cannot read the local hub cache at {cache_dir} "
-                             f"({type(e).__name__}): it is $HF_HUB_CACHE, else $HF_HOME/hub") from None
+        raise HubUnavailable(
+            f"cannot read the local hub cache at {cache_dir} "
+            f"({type(e).__name__}): it is $HF_HUB_CACHE, else $HF_HOME/hub"
+        ) from None
     found = []
     for repo in sorted(info.repos, key=lambda r: r.repo_id):
         if repo.repo_type != "model" or not repo.revisions:
@@ -113,7 +130,9 @@ def cached_repos(cache_dir=None) -> list[HubRepo]:
         try:  # a corrupt cached checkpoint does not change the architecture: the repo is still indexed
             entry.hub_params = _cached_params(files, entry.notes)
         except (CheckpointError, OSError) as e:
-            entry.notes.append(f"cached safetensors not readable ({type(e).__name__}: {e}): parameter count not checked")
+            entry.notes.append(
+                f"cached safetensors not readable ({type(e).__name__}: {e}): parameter count not checked"
+            )
         found.append(entry)
     return found
 

@@ -11,8 +11,8 @@ from zoo.caching import register
 from zoo.constants import CONSTRUCTOR_TAG
 from zoo.errors import InvalidArgument, InvalidRecipe, ModelExists, ZooError, reason
 from zoo.families import family
-from zoo.recipe import Recipe
 from zoo.indexing.record import record_of, record_with_build, source_hash
+from zoo.recipe import Recipe
 from zoo.registry import db, store
 
 
@@ -26,8 +26,6 @@ class Outcome:
     def as_dict(self) -> dict:
         out = {"indexed": len(self.indexed), "unchanged": len(self.unchanged), "failed": self.failed}
         return {**out, "timings": self.timings} if self.timings else out  # built models only
-
-
 
 
 def is_constructor_tag(tag: str) -> bool:
@@ -45,7 +43,9 @@ def save(url: str, record: dict, table, replace: bool = False) -> None:
     shipped = [(path, *digest(path)) for path in record.get("constructor_files", ())]
     with db.session(url, write=True) as s, s.begin():
         if not store.write_model(s, record, table, replace):  # a new name has no tags to drop
-            store.drop_weights(s, record["name"], [t for t in store.weights_tags(s, record["name"]) if is_constructor_tag(t)])
+            store.drop_weights(
+                s, record["name"], [t for t in store.weights_tags(s, record["name"]) if is_constructor_tag(t)]
+            )
         for i, (path, sha256, nbytes) in enumerate(shipped):
             store.add_weights(s, record["name"], CONSTRUCTOR_TAG + (f"-{i + 1}" if i else ""), path, sha256, nbytes)
 
@@ -121,8 +121,16 @@ def wanted_variants(family_name: str, patterns=(), results=None) -> dict[str, tu
     return {f"{family_name}/{fam.variant_name(v)}": (Recipe(family_name, v["builder"], v["kwargs"]), v) for v in rows}
 
 
-def index_family(url: str, family_name: str, patterns=(), jobs: int = 1, force: bool = False,
-                 progress=None, pretrained: bool = False, results=None) -> Outcome:
+def index_family(
+    url: str,
+    family_name: str,
+    patterns=(),
+    jobs: int = 1,
+    force: bool = False,
+    progress=None,
+    pretrained: bool = False,
+    results=None,
+) -> Outcome:
     """Index every model of a family matching the patterns; unchanged ones are skipped. pretrained: its
     pretrained variants instead (a row per published weights; timm's results from the folder `results`).
 
@@ -148,8 +156,7 @@ def index_family(url: str, family_name: str, patterns=(), jobs: int = 1, force: 
 INSTALLED = ("timm", "torchvision")  # the families `zoo index installed` covers: the vision zoo on this machine
 
 
-def index_installed(url: str, patterns=(), jobs: int = 1, force: bool = False, progress=None,
-                    results=None) -> Outcome:
+def index_installed(url: str, patterns=(), jobs: int = 1, force: bool = False, progress=None, results=None) -> Outcome:
     """The whole installed vision zoo in one run: every architecture of timm and torchvision matching the
     patterns and every pretrained variant matching them, each architecture followed by its variants in
     the same worker (so the variants that build it unchanged reuse its analysis at once). The same rows as
@@ -189,9 +196,11 @@ def record_architecture_columns(url: str, family_name: str, results: dict, patte
         return 0
     changed = 0
     with db.session(url, write=True) as s:
-        rows = s.execute(select(models.c.id, models.c.builder, models.c.input_size, *(
-            models.c[c] for c in columns)).where(
-            models.c.family == family_name, models.c.kind == "architecture")).all()
+        rows = s.execute(
+            select(models.c.id, models.c.builder, models.c.input_size, *(models.c[c] for c in columns)).where(
+                models.c.family == family_name, models.c.kind == "architecture"
+            )
+        ).all()
         wanted = set(fam.available(patterns))
         for row in rows:
             if row.builder not in wanted:
@@ -229,8 +238,7 @@ def _index_groups(url: str, families, groups: list, jobs: int, force: bool, prog
         nonlocal done
         saving = time.perf_counter()
         record = save_counted(url, record, table, force, outcome)  # a user row under this name: left alone, reported
-        outcome.timings[record["name"]] = {**record.get("timing", {}),
-                                           "save_s": round(time.perf_counter() - saving, 4)}
+        outcome.timings[record["name"]] = {**record.get("timing", {}), "save_s": round(time.perf_counter() - saving, 4)}
         done += 1
         if progress:
             progress(record["name"], done, total)
@@ -246,8 +254,9 @@ def _index_groups(url: str, families, groups: list, jobs: int, force: bool, prog
     # frozen, the libraries' 420,000 objects skip each full collection (workers and saves): 15% of a run, measured
     gc.freeze()
     try:
-        with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("fork"), initializer=_worker_start,
-                                 initargs=(os.getpid(),)) as pool:
+        with ProcessPoolExecutor(
+            jobs, mp_context=multiprocessing.get_context("fork"), initializer=_worker_start, initargs=(os.getpid(),)
+        ) as pool:
             pending = {pool.submit(_build_group_in_worker, group) for group in todo}
             try:
                 while pending:
@@ -264,8 +273,14 @@ def _index_groups(url: str, families, groups: list, jobs: int, force: bool, prog
     return outcome
 
 
-def index_one(url: str, name: str, recipe: Recipe, trusted: set[str] | None = None, force: bool = False,
-              inputs: list | None = None) -> dict:
+def index_one(
+    url: str,
+    name: str,
+    recipe: Recipe,
+    trusted: set[str] | None = None,
+    force: bool = False,
+    inputs: list | None = None,
+) -> dict:
     """Index a single model (a user builder); returns its row. force replaces a row of another builder.
     `inputs`: its input spec ([{name, shape, dtype}], the batch first), recorded so it gets FLOPs too.
     A builder zoo refuses (untrusted, the standard library) is an error, and nothing is written."""
@@ -295,20 +310,38 @@ def index_checkpoint(url: str, path: str, name: str, force: bool = False) -> dic
     stat = os.stat(path)
     unique = [t for t in table if t.tied_to is None]
     record = dict(
-        name=name, family="checkpoint", builder=recipe.builder, kwargs="{}", versions="{}",
-        source_hash=source_hash(recipe, {"size": stat.st_size, "mtime": stat.st_mtime_ns}), status="ok",
-        error=None, arch=None, task=None, input_size=None,
+        name=name,
+        family="checkpoint",
+        builder=recipe.builder,
+        kwargs="{}",
+        versions="{}",
+        source_hash=source_hash(recipe, {"size": stat.st_size, "mtime": stat.st_mtime_ns}),
+        status="ok",
+        error=None,
+        arch=None,
+        task=None,
+        input_size=None,
         dtype=max({t.dtype for t in unique}, key=lambda d: sum(t.bytes for t in unique if t.dtype == d)),
-        params=sum(t.numel for t in unique), trainable=sum(t.numel for t in unique), buffers=0,
-        tensors=len(unique), param_bytes=sum(t.bytes for t in unique), buffer_bytes=0,
+        params=sum(t.numel for t in unique),
+        trainable=sum(t.numel for t in unique),
+        buffers=0,
+        tensors=len(unique),
+        param_bytes=sum(t.bytes for t in unique),
+        buffer_bytes=0,
         bytes=sum(t.bytes for t in unique),
     )
     save(url, record, table, replace=force)
     return record
 
 
-def index_configs(url: str, sources: list[str], name: str | None = None, revision: str | None = None,
-                  force: bool = False, progress=None) -> Outcome:
+def index_configs(
+    url: str,
+    sources: list[str],
+    name: str | None = None,
+    revision: str | None = None,
+    force: bool = False,
+    progress=None,
+) -> Outcome:
     """Index Hugging Face config sources (config.json files, directories, catalog files, hub repo ids),
     unchanged ones skipped unless force. A source whose config cannot be read is reported as failed;
     the others still go in."""

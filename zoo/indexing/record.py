@@ -28,13 +28,22 @@ ROW_VERSION = 1
 def source_hash(recipe: Recipe, versions: dict, variant: dict | None = None) -> str:
     """Identifies everything a build depends on; an unchanged hash means an unchanged row. A variant's
     published metadata (metrics, source, preprocessing) is part of it: new results re-record it."""
-    key = json.dumps([RECORD_VERSION, ROW_VERSION, recipe.family, recipe.builder, recipe.kwargs, versions]
-                     + ([variant] if variant else []), sort_keys=True)
+    key = json.dumps(
+        [RECORD_VERSION, ROW_VERSION, recipe.family, recipe.builder, recipe.kwargs, versions]
+        + ([variant] if variant else []),
+        sort_keys=True,
+    )
     return hashlib.sha256(key.encode()).hexdigest()
 
 
-def record_of(name: str, recipe: Recipe, trusted: set[str] | None = None, variant: dict | None = None,
-              inputs: list | None = None, known: dict | None = None) -> tuple[dict, list | None]:
+def record_of(
+    name: str,
+    recipe: Recipe,
+    trusted: set[str] | None = None,
+    variant: dict | None = None,
+    inputs: list | None = None,
+    known: dict | None = None,
+) -> tuple[dict, list | None]:
     """Build one model on meta and describe it: the registry row and its tensor table.
     A build that fails gives a row with status "error" and the reason, never an exception.
     variant: a pretrained variant's published columns (a family's variants()); they are recorded even
@@ -51,6 +60,7 @@ class _Built:
     """A meta build: the module, its tensor summary, the files its constructor read, the description of the
     construction that made it (zoo.construction; None where the builder returns another module or it has none), and
     its analyses so far: input spec (JSON) -> (structure digest, analysis columns)."""
+
     module: object
     summary: object
     files: list
@@ -83,9 +93,15 @@ def record_with_build(name, recipe, trusted=None, variant=None, inputs=None, kno
     just before in this process (the build is passed on to the next variant)."""
     fam = family(recipe.family)
     versions = fam.versions()
-    base = dict(name=name, family=recipe.family, builder=recipe.builder, kwargs=recipe.kwargs_json(),
-                versions=json.dumps(versions, sort_keys=True), source_hash=source_hash(recipe, versions, variant),
-                **_variant_columns(variant))
+    base = dict(
+        name=name,
+        family=recipe.family,
+        builder=recipe.builder,
+        kwargs=recipe.kwargs_json(),
+        versions=json.dumps(versions, sort_keys=True),
+        source_hash=source_hash(recipe, versions, variant),
+        **_variant_columns(variant),
+    )
     started = time.perf_counter()
     try:
         built, same = _build(recipe, trusted, fam, arch)
@@ -99,8 +115,16 @@ def record_with_build(name, recipe, trusted=None, variant=None, inputs=None, kno
 
             llm = llm_fields(module, module.config)
     except Exception as e:  # recorded, not raised: one broken model must not stop an index run
-        return {**base, "status": "error", "error": _failure(e),
-                "timing": {"build_s": round(time.perf_counter() - started, 4)}}, None, None
+        return (
+            {
+                **base,
+                "status": "error",
+                "error": _failure(e),
+                "timing": {"build_s": round(time.perf_counter() - started, 4)},
+            },
+            None,
+            None,
+        )
     built_at = time.perf_counter()
     spec = described.get("input")
     digest, analysis, reused = _analysis_at(built, spec, base["versions"], known)
@@ -111,16 +135,30 @@ def record_with_build(name, recipe, trusted=None, variant=None, inputs=None, kno
     cls = type(module)
     row = {
         # seconds per stage, for `zoo index --json` (not a column: write_model takes only COLUMNS)
-        "timing": {"build_s": round(built_at - started, 4), "build_reused": same,
-                   "analysis_s": round(time.perf_counter() - built_at, 4), "analysis_reused": reused},
+        "timing": {
+            "build_s": round(built_at - started, 4),
+            "build_reused": same,
+            "analysis_s": round(time.perf_counter() - built_at, 4),
+            "analysis_reused": reused,
+        },
         "structure_digest": digest,
-        **base, "status": "ok", "error": None, "arch": f"{cls.__module__}.{cls.__qualname__}",
+        **base,
+        "status": "ok",
+        "error": None,
+        "arch": f"{cls.__module__}.{cls.__qualname__}",
         "constructor_files": built.files,  # recorded as weights tags, not a column
         "task": base.get("task") or described["task"],
         "input_size": BY_NAME["input_size"].encode(described["input_size"] or None),
-        "dtype": summary.dtype, "params": summary.params, "trainable": summary.trainable,
-        "buffers": summary.buffers, "tensors": summary.tensors, "param_bytes": summary.param_bytes,
-        "buffer_bytes": summary.buffer_bytes, "bytes": summary.bytes, **analysis, **llm,
+        "dtype": summary.dtype,
+        "params": summary.params,
+        "trainable": summary.trainable,
+        "buffers": summary.buffers,
+        "tensors": summary.tensors,
+        "param_bytes": summary.param_bytes,
+        "buffer_bytes": summary.buffer_bytes,
+        "bytes": summary.bytes,
+        **analysis,
+        **llm,
         "load_args": BY_NAME["load_args"].encode(fam.load_arguments(recipe.builder, recipe.kwargs)),
     }
     too_large = _out_of_range(row, recipe.kwargs)
@@ -170,8 +208,10 @@ def _out_of_range(row: dict, kwargs: dict) -> str | None:
         if isinstance(value, int) and not -(1 << bits - 1) <= value < 1 << bits - 1:
             key, largest = _largest_number(kwargs)
             cause = f"; the recipe's largest number: {key} = {largest}" if key else ""
-            return (f"{name} is a {len(str(abs(value)))}-digit number, past the registry's {bits}-bit integers: "
-                    f"sizes beyond any real model's{cause}")
+            return (
+                f"{name} is a {len(str(abs(value)))}-digit number, past the registry's {bits}-bit integers: "
+                f"sizes beyond any real model's{cause}"
+            )
     return None
 
 

@@ -13,13 +13,17 @@ from sqlalchemy.orm import Session
 from zoo.caching import register, trim
 from zoo.constants import lock_timeout_s
 from zoo.errors import RegistryError, RegistryLocked, RegistryNotFound, SchemaOutdated, ZooError
+from zoo.registry import (
+    SCHEMA_REVISION,  # the alembic head this code reads and writes
+    lite,
+)
 
-from zoo.registry import SCHEMA_REVISION  # noqa: F401 - the alembic head this code reads and writes
-from zoo.registry import lite
 _PACKAGE = Path(__file__).resolve().parent.parent
 # migrations/ at the repository root in a checkout; the wheel ships it inside the package (pyproject.toml)
-MIGRATIONS = next((d for d in (_PACKAGE / "migrations", _PACKAGE.parent / "migrations") if (d / "env.py").is_file()),
-                  _PACKAGE / "migrations")
+MIGRATIONS = next(
+    (d for d in (_PACKAGE / "migrations", _PACKAGE.parent / "migrations") if (d / "env.py").is_file()),
+    _PACKAGE / "migrations",
+)
 
 
 def _sqlite_path(url: str) -> Path | None:
@@ -54,19 +58,33 @@ def exists(url: str) -> bool:
 
 # Driver messages -> what they mean for a registry and what to do.
 _MEANINGS = (
-    ("file is not a database", "is not a SQLite database: point --registry (or ZOO_REGISTRY) at a registry file, "
-                               "or create one with `zoo db upgrade`"),
-    ("unable to open database file", "cannot be opened (a directory, or a folder that does not exist?): give the "
-                                     "path of a registry file"),
-    ("readonly database", "is read-only: writing needs write permission on the file and its folder (SQLite keeps "
-                          "a journal beside it); or copy it somewhere writable"),
-    ("lock timeout", "is locked by another writer for longer than ZOO_LOCK_TIMEOUT ({timeout:g} s): try "
-                     "again when it has finished, or wait longer with a larger ZOO_LOCK_TIMEOUT"),
+    (
+        "file is not a database",
+        "is not a SQLite database: point --registry (or ZOO_REGISTRY) at a registry file, "
+        "or create one with `zoo db upgrade`",
+    ),
+    (
+        "unable to open database file",
+        "cannot be opened (a directory, or a folder that does not exist?): give the path of a registry file",
+    ),
+    (
+        "readonly database",
+        "is read-only: writing needs write permission on the file and its folder (SQLite keeps "
+        "a journal beside it); or copy it somewhere writable",
+    ),
+    (
+        "lock timeout",
+        "is locked by another writer for longer than ZOO_LOCK_TIMEOUT ({timeout:g} s): try "
+        "again when it has finished, or wait longer with a larger ZOO_LOCK_TIMEOUT",
+    ),
     ("value too long", "holds no value that long in this field: choose a shorter one"),
     ("database or disk is full", "cannot be written: its disk is full; free space there, or write somewhere else"),
     ("disk I/O error", "cannot be read or written (the disk, or a file size limit): check the disk it is on"),
-    ("database is locked", "is locked by another writer for longer than ZOO_LOCK_TIMEOUT ({timeout:g} s): try "
-                           "again when it has finished, or wait longer with a larger ZOO_LOCK_TIMEOUT"),
+    (
+        "database is locked",
+        "is locked by another writer for longer than ZOO_LOCK_TIMEOUT ({timeout:g} s): try "
+        "again when it has finished, or wait longer with a larger ZOO_LOCK_TIMEOUT",
+    ),
 )
 
 
@@ -120,8 +138,10 @@ def _server_options(url: str) -> dict:
     if not url.startswith("postgresql"):
         return {}
     # at least 1 ms: PostgreSQL reads 0 as "wait forever", where ZOO_LOCK_TIMEOUT=0 means "do not wait"
-    options = f"-c lock_timeout={max(1, int(lock_timeout_s() * 1000))} -c idle_in_transaction_session_timeout=" \
-              f"{IDLE_IN_TRANSACTION_S * 1000}"
+    options = (
+        f"-c lock_timeout={max(1, int(lock_timeout_s() * 1000))} -c idle_in_transaction_session_timeout="
+        f"{IDLE_IN_TRANSACTION_S * 1000}"
+    )
     return {"connect_args": {"options": options}, "pool_pre_ping": True}
 
 
@@ -138,8 +158,10 @@ def engine(url: str, write: bool = False) -> Engine:
         options["isolation_level"] = "REPEATABLE READ"
     path = _sqlite_path(url)
     if path is not None and path.exists() and not path.is_file():  # opening a FIFO would block forever
-        raise RegistryError(f"the registry at {path} cannot be opened: it is not a regular file (a directory, a FIFO, "
-                            f"a device): give the path of a registry file")
+        raise RegistryError(
+            f"the registry at {path} cannot be opened: it is not a regular file (a directory, a FIFO, "
+            f"a device): give the path of a registry file"
+        )
     if not write and lite.sqlite_file(url) and path.is_file():
         # read-only, as the lite reader reads (see lite.connect_read): a reader never writes, nor checkpoints
         # and deletes the WAL when it closes last
@@ -147,12 +169,16 @@ def engine(url: str, write: bool = False) -> Engine:
     try:
         eng = create_engine(url, **options)
     except ImportError as e:  # a server URL whose driver is not installed
-        raise RegistryError(f"{masked(url)}: its database driver is not installed ({e}); for PostgreSQL: "
-                            f"pip install 'zoo[postgres]'") from None
+        raise RegistryError(
+            f"{masked(url)}: its database driver is not installed ({e}); for PostgreSQL: pip install 'zoo[postgres]'"
+        ) from None
     except (exc.ArgumentError, ValueError) as e:  # an unknown dialect, a port that is no number, ...
-        raise RegistryError(f"{masked(url)}: not a registry URL zoo can open ({masked(str(e))}); give a file path, "
-                            f"sqlite:///PATH or a server URL such as postgresql+psycopg://USER@HOST/DB") from None
+        raise RegistryError(
+            f"{masked(url)}: not a registry URL zoo can open ({masked(str(e))}); give a file path, "
+            f"sqlite:///PATH or a server URL such as postgresql+psycopg://USER@HOST/DB"
+        ) from None
     if eng.dialect.name == "sqlite":
+
         @event.listens_for(eng, "connect")
         def _connect(dbapi_connection, _record):
             dbapi_connection.isolation_level = None  # we emit BEGIN ourselves, below
@@ -166,6 +192,7 @@ def engine(url: str, write: bool = False) -> Engine:
         @event.listens_for(eng, "begin")
         def _begin(conn):
             conn.exec_driver_sql("BEGIN IMMEDIATE" if write else "BEGIN")
+
     if len(_engines) >= 256:
         _dispose_engines()
     _engines[(url, write)] = eng
@@ -235,7 +262,9 @@ def known_revisions() -> list[str]:
     """Every schema revision this zoo's migrations know, oldest first."""
     from alembic.script import ScriptDirectory
 
-    return [r.revision for r in reversed(list(ScriptDirectory.from_config(alembic_config("sqlite://")).walk_revisions()))]
+    return [
+        r.revision for r in reversed(list(ScriptDirectory.from_config(alembic_config("sqlite://")).walk_revisions()))
+    ]
 
 
 _checked: set[tuple[str, bool]] = set()
@@ -251,8 +280,10 @@ def open_registry(url: str, write: bool = False, create: bool = False) -> Engine
         return engine(url, write)
     path = _sqlite_path(url)
     if not create and path is not None and not path.exists():
-        raise RegistryNotFound(f"no registry at {path}: `zoo index` or `zoo db upgrade` create one; or point "
-                               f"--registry (or ZOO_REGISTRY) at an existing registry")
+        raise RegistryNotFound(
+            f"no registry at {path}: `zoo index` or `zoo db upgrade` create one; or point "
+            f"--registry (or ZOO_REGISTRY) at an existing registry"
+        )
     with translated(url):
         revision, tables = _revision_and_tables(engine(url, write=False))
         if revision is None and create and not tables:
@@ -271,12 +302,15 @@ def open_registry(url: str, write: bool = False, create: bool = False) -> Engine
 def _refuse(url: str, revision: str | None) -> None:
     where = _sqlite_path(url) or masked(url)
     if revision is None:
-        raise SchemaOutdated(f"{where} is not a zoo registry (no schema revision); create one with `zoo index` or "
-                             f"`zoo db upgrade`")
+        raise SchemaOutdated(
+            f"{where} is not a zoo registry (no schema revision); create one with `zoo index` or `zoo db upgrade`"
+        )
     known = known_revisions()
     if revision not in known:
-        raise SchemaOutdated(f"the registry at {where} was made by a newer zoo (schema revision {revision}; this zoo "
-                             f"knows up to {known[-1]}): upgrade zoo to read it")
+        raise SchemaOutdated(
+            f"the registry at {where} was made by a newer zoo (schema revision {revision}; this zoo "
+            f"knows up to {known[-1]}): upgrade zoo to read it"
+        )
     raise SchemaOutdated(
         f"the registry at {where} is at schema revision {revision}; this zoo needs {SCHEMA_REVISION}: "
         f"run `zoo db upgrade --registry {where}`"
@@ -359,8 +393,9 @@ def compact(url: str) -> str:
         con.execute("PRAGMA journal_mode=DELETE")
         con.execute("VACUUM")
     except sqlite3.Error as e:
-        meaning = next((m.format(timeout=lock_timeout_s()) for key, m in _MEANINGS if key in str(e)),
-                       "could not be compacted")
+        meaning = next(
+            (m.format(timeout=lock_timeout_s()) for key, m in _MEANINGS if key in str(e)), "could not be compacted"
+        )
         raise RegistryError(f"the registry at {path} {meaning} ({e})") from None
     finally:
         con.close()

@@ -34,7 +34,7 @@ def sqlite_file(url: str) -> str | None:
     """The file of a plain sqlite:///PATH URL; None for anything else (a server, memory, URL options)."""
     if not url.startswith("sqlite:///") or "?" in url:
         return None
-    path = url[len("sqlite:///"):]
+    path = url[len("sqlite:///") :]
     return path if path and path != ":memory:" else None
 
 
@@ -99,8 +99,9 @@ def _ordered_index(con, field: str) -> str | None:
     return None
 
 
-def _plan(con, expression: Expr, where: str, params: list, order: str, field: str, descending: bool,
-          limit: int) -> list:
+def _plan(
+    con, expression: Expr, where: str, params: list, order: str, field: str, descending: bool, limit: int
+) -> list:
     """The first `limit` matches. SQLite's planner reads a range through the filter's index and sorts every
     match, whole rows: 40,000 matches cost 250 ms at a million models. Probe how many match (up to a cap)
     through that index; many -> read rows in the sort order (INDEXED BY its index) until `limit` have matched,
@@ -129,15 +130,24 @@ def _plan(con, expression: Expr, where: str, params: list, order: str, field: st
         nulls_left_out = field != "name" and not descending
         if nulls_left_out:
             scan_where = f"models.{field} IS NOT NULL AND {scan_where}"
-        found = None if scan_params != params else _within_budget(
-            con, f"SELECT count(*) FROM (SELECT 1 FROM models WHERE {where} LIMIT ?)", [*params, cap])
+        found = (
+            None
+            if scan_params != params
+            else _within_budget(
+                con, f"SELECT count(*) FROM (SELECT 1 FROM models WHERE {where} LIMIT ?)", [*params, cap]
+            )
+        )
         if found is None or found[0][0] >= cap:
-            ordered = _within_budget(con, f"SELECT {_COLUMNS} FROM models INDEXED BY {index} WHERE {scan_where} "
-                                          f"ORDER BY {order} LIMIT ?", [*scan_params, limit])
+            ordered = _within_budget(
+                con,
+                f"SELECT {_COLUMNS} FROM models INDEXED BY {index} WHERE {scan_where} ORDER BY {order} LIMIT ?",
+                [*scan_params, limit],
+            )
             if ordered is not None and (len(ordered) == limit or not nulls_left_out):
                 return ordered
-    return con.execute(f"SELECT {_COLUMNS} FROM models WHERE models.id IN ({first}) ORDER BY {order}",
-                       [*params, limit]).fetchall()
+    return con.execute(
+        f"SELECT {_COLUMNS} FROM models WHERE models.id IN ({first}) ORDER BY {order}", [*params, limit]
+    ).fetchall()
 
 
 def _seeks_in_order(con, sql: str, params: list) -> bool:
@@ -174,8 +184,9 @@ def _infos(rows) -> list:
     return [ModelInfo(**{n: d(v) for n, d, v in zip(names, decoders, row)}) for row in rows]
 
 
-def search(url: str, expression, order_by: str | None = None, limit: int | None = None,
-           fields: tuple[str, ...] | None = None):
+def search(
+    url: str, expression, order_by: str | None = None, limit: int | None = None, fields: tuple[str, ...] | None = None
+):
     """What store.search returns, from a plain SQLite registry file at this schema; None where this path
     does not apply (the caller then takes the SQLAlchemy path)."""
     path = sqlite_file(url)
@@ -224,9 +235,15 @@ def info(url: str, name: str, tensors: bool = False):
         if len(rows) != 1:
             return None
         model_id, source_hash, *values = rows[0]
-        blob = con.execute("SELECT data FROM model_tensors WHERE model_id = ?", [model_id]).fetchone() if tensors else None
-        weights = [dict(zip(("tag", "path", "sha256", "bytes"), w)) for w in con.execute(
-            "SELECT tag, path, sha256, bytes FROM weights WHERE model_id = ? ORDER BY CAST(tag AS BLOB)", [model_id])]
+        blob = (
+            con.execute("SELECT data FROM model_tensors WHERE model_id = ?", [model_id]).fetchone() if tensors else None
+        )
+        weights = [
+            dict(zip(("tag", "path", "sha256", "bytes"), w))
+            for w in con.execute(
+                "SELECT tag, path, sha256, bytes FROM weights WHERE model_id = ? ORDER BY CAST(tag AS BLOB)", [model_id]
+            )
+        ]
     except sqlite3.Error:
         return None
     finally:
@@ -251,13 +268,18 @@ def variants(url: str, name: str):
                 arch = rows[0][0] or rows[0][1] if len(rows) == 1 else None
                 break
         else:  # an architecture whose own row is not recorded, found by its variants
-            rows = con.execute("SELECT DISTINCT arch_name FROM models WHERE kind = 'variant' AND (arch_name = ? OR "
-                               "substr(arch_name, -?) = ?) LIMIT 2", [name, len(name) + 1, "/" + name]).fetchall()
+            rows = con.execute(
+                "SELECT DISTINCT arch_name FROM models WHERE kind = 'variant' AND (arch_name = ? OR "
+                "substr(arch_name, -?) = ?) LIMIT 2",
+                [name, len(name) + 1, "/" + name],
+            ).fetchall()
             arch = rows[0][0] if len(rows) == 1 else None
         if arch is None:
             return None
-        rows = con.execute(f"SELECT {_COLUMNS} FROM models WHERE arch_name = ? AND kind = 'variant' "
-                           "ORDER BY CAST(name AS BLOB)", [arch]).fetchall()
+        rows = con.execute(
+            f"SELECT {_COLUMNS} FROM models WHERE arch_name = ? AND kind = 'variant' ORDER BY CAST(name AS BLOB)",
+            [arch],
+        ).fetchall()
     except sqlite3.Error:
         return None
     finally:
@@ -274,16 +296,21 @@ def measurements(url: str, name: str) -> list[dict] | None:
     if con is None:
         return None
     try:
-        cur = con.execute("SELECT measurements.* FROM measurements JOIN models ON models.id = measurements.model_id "
-                          "WHERE models.name = ? ORDER BY measurements.id", [name])
+        cur = con.execute(
+            "SELECT measurements.* FROM measurements JOIN models ON models.id = measurements.model_id "
+            "WHERE models.name = ? ORDER BY measurements.id",
+            [name],
+        )
         names, rows = [d[0] for d in cur.description], cur.fetchall()
     except sqlite3.Error:
         return None
     finally:
         con.close()
     decode = {"compiled": bool, "channels_last": bool, "measured_at": datetime.fromisoformat}
-    return [clean_run({n: decode.get(n, lambda v: v)(v) for n, v in zip(names, row) if n not in ("id", "model_id")})
-            for row in rows]
+    return [
+        clean_run({n: decode.get(n, lambda v: v)(v) for n, v in zip(names, row) if n not in ("id", "model_id")})
+        for row in rows
+    ]
 
 
 def fastest(url: str, names: list[str], device: str, mode: str) -> dict[str, float] | None:
@@ -295,12 +322,15 @@ def fastest(url: str, names: list[str], device: str, mode: str) -> dict[str, flo
     out = {}
     try:
         for i in range(0, len(names), 500):  # bound the statement's parameters
-            chunk = names[i:i + 500]
-            out.update(con.execute(
-                "SELECT models.name, max(measurements.samples_per_s) FROM measurements JOIN models ON models.id = "
-                "measurements.model_id WHERE measurements.device = ? AND measurements.mode = ? AND models.name IN "
-                f"({', '.join('?' * len(chunk))}) AND measurements.samples_per_s {FINITE} GROUP BY models.name",
-                [device, mode, *chunk]).fetchall())
+            chunk = names[i : i + 500]
+            out.update(
+                con.execute(
+                    "SELECT models.name, max(measurements.samples_per_s) FROM measurements JOIN models ON models.id = "
+                    "measurements.model_id WHERE measurements.device = ? AND measurements.mode = ? AND models.name IN "
+                    f"({', '.join('?' * len(chunk))}) AND measurements.samples_per_s {FINITE} GROUP BY models.name",
+                    [device, mode, *chunk],
+                ).fetchall()
+            )
     except sqlite3.Error:
         return None
     finally:

@@ -2,7 +2,7 @@
 
 import difflib
 import hashlib
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 from sqlalchemy import delete, func, select
 from sqlalchemy.orm import Session
@@ -48,9 +48,10 @@ def tensor_blob(session: Session, model_id: int) -> bytes | None:
 
 def info(session: Session, name: str, tensors: bool = False) -> ModelInfo:
     row = resolve(session, name)
-    weights = [{"tag": w.tag, "path": w.path, "sha256": w.sha256, "bytes": w.bytes}
-               for w in session.scalars(select(Weights).where(Weights.model_id == row.id)
-                                                      .order_by(bytewise(Weights.tag)))]
+    weights = [
+        {"tag": w.tag, "path": w.path, "sha256": w.sha256, "bytes": w.bytes}
+        for w in session.scalars(select(Weights).where(Weights.model_id == row.id).order_by(bytewise(Weights.tag)))
+    ]
     return ModelInfo.from_row(row, tensor_blob(session, row.id) if tensors else None, weights)
 
 
@@ -60,8 +61,14 @@ def drop_weights(session: Session, name: str, tags) -> None:
 
 
 def weights_tags(session: Session, name: str) -> list[str]:
-    return list(session.scalars(select(Weights.tag).join(Model, Weights.model_id == Model.id)
-                                .where(Model.name == name).order_by(bytewise(Weights.tag))))
+    return list(
+        session.scalars(
+            select(Weights.tag)
+            .join(Model, Weights.model_id == Model.id)
+            .where(Model.name == name)
+            .order_by(bytewise(Weights.tag))
+        )
+    )
 
 
 def _postgresql(session: Session) -> bool:
@@ -85,8 +92,10 @@ def check_lengths(session: Session, values: dict, columns: dict) -> None:
     for field, value in values.items():
         size = columns[field]
         if size and isinstance(value, str) and len(value) > size:
-            raise InvalidArgument(f"{field} is {len(value)} characters long ({value[:40]!r}...); a registry on "
-                                  f"PostgreSQL holds at most {size}: choose a shorter one")
+            raise InvalidArgument(
+                f"{field} is {len(value)} characters long ({value[:40]!r}...); a registry on "
+                f"PostgreSQL holds at most {size}: choose a shorter one"
+            )
 
 
 def check_numbers(name: str, values: dict) -> None:
@@ -95,8 +104,9 @@ def check_numbers(name: str, values: dict) -> None:
     for column in COLUMNS:
         value = values.get(column.name)
         if column.kind in ("int", "float") and value is not None and finite(value) is None:
-            raise InvalidArgument(f"{name}: {column.name} is {value!r:.40}, not a finite number: leave it out (None) "
-                                  f"or give a number")
+            raise InvalidArgument(
+                f"{name}: {column.name} is {value!r:.40}, not a finite number: leave it out (None) or give a number"
+            )
 
 
 def add_weights(session: Session, name: str, tag: str, path: str, sha256: str, nbytes: int) -> None:
@@ -104,8 +114,16 @@ def add_weights(session: Session, name: str, tag: str, path: str, sha256: str, n
     lock_name(session, name)
     row = resolve(session, name)
     session.execute(delete(Weights).where(Weights.model_id == row.id, Weights.tag == tag))
-    session.add(Weights(model_id=row.id, tag=tag, path=path, sha256=sha256, bytes=nbytes,
-                        added_at=datetime.now(timezone.utc).replace(tzinfo=None)))
+    session.add(
+        Weights(
+            model_id=row.id,
+            tag=tag,
+            path=path,
+            sha256=sha256,
+            bytes=nbytes,
+            added_at=datetime.now(UTC).replace(tzinfo=None),
+        )
+    )
 
 
 def ok_hash_of(session: Session, name: str) -> str | None:
@@ -116,9 +134,11 @@ def ok_hash_of(session: Session, name: str) -> str | None:
 def analyses_by_digest(session: Session, family: str) -> dict[str, dict]:
     """structure digest -> analysis columns (as stored) of a family's rows whose analysis ran: what a build
     with the same digest can reuse (zoo.structure)."""
-    rows = session.execute(select(Model.structure_digest, *(getattr(Model, c.name) for c in ANALYSIS))
-                           .where(Model.family == family, Model.structure_digest.is_not(None),
-                                  Model.scan_status == "ok"))
+    rows = session.execute(
+        select(Model.structure_digest, *(getattr(Model, c.name) for c in ANALYSIS)).where(
+            Model.family == family, Model.structure_digest.is_not(None), Model.scan_status == "ok"
+        )
+    )
     return {digest: dict(zip((c.name for c in ANALYSIS), values)) for digest, *values in rows}
 
 
@@ -139,10 +159,12 @@ def _refuse_takeover(session: Session, row: Model | None, family: str, builder: 
     if row is None or (row.family, row.builder) == (family, builder) or replace:
         return
     tags = session.scalars(select(Weights.tag).where(Weights.model_id == row.id)).all()
-    raise ModelExists(f"{row.name} is already a {row.family} model (builder {row.builder}); indexing {family} "
-                      f"builder {builder} would replace it" + (f" and drop its weights tags {', '.join(tags)}"
-                                                               if tags else "")
-                      + ": choose another --name, or pass --force to replace it")
+    raise ModelExists(
+        f"{row.name} is already a {row.family} model (builder {row.builder}); indexing {family} "
+        f"builder {builder} would replace it"
+        + (f" and drop its weights tags {', '.join(tags)}" if tags else "")
+        + ": choose another --name, or pass --force to replace it"
+    )
 
 
 def write_model(session: Session, record: dict, tensor_table, replace: bool = False) -> bool:
@@ -151,7 +173,7 @@ def write_model(session: Session, record: dict, tensor_table, replace: bool = Fa
     replace=True, and then its weights tags go with it: they were another model's files."""
     check_name(record["name"], new=True)  # every write: no control characters, nothing but the documented set
     values = {c.name: record.get(c.name, c.default) for c in COLUMNS}  # a failed build clears the old figures
-    values.update(short=short_name(record["name"]), indexed_at=datetime.now(timezone.utc).replace(tzinfo=None))
+    values.update(short=short_name(record["name"]), indexed_at=datetime.now(UTC).replace(tzinfo=None))
     values["arch_name"] = values["arch_name"] or record["name"]  # an architecture is its own
     check_lengths(session, values, {c.name: c.size for c in COLUMNS})
     check_numbers(record["name"], values)
@@ -180,8 +202,13 @@ def remove(session: Session, name: str) -> str:
     return row.name
 
 
-def search(session: Session, expression, order_by: str | None = None, limit: int | None = None,
-           fields: tuple[str, ...] | None = None) -> list[ModelInfo] | list[dict]:
+def search(
+    session: Session,
+    expression,
+    order_by: str | None = None,
+    limit: int | None = None,
+    fields: tuple[str, ...] | None = None,
+) -> list[ModelInfo] | list[dict]:
     """ModelInfo per match; with `fields`, a dict of just those public fields per match (those columns
     alone are read: no ORM object and no JSON decoding for the rest, several times faster)."""
     if fields is not None:
@@ -189,8 +216,11 @@ def search(session: Session, expression, order_by: str | None = None, limit: int
         if unknown:
             raise InvalidArgument(f"unknown fields {unknown}; fields are: {', '.join(c.name for c in PUBLIC)}")
     # the public columns, not ORM objects: building 100 mapped objects costs more than the query (a million rows)
-    query = select(*(Model.__table__.c[c.name] for c in PUBLIC)) if fields is None else \
-        select(*(getattr(Model, f) for f in fields))
+    query = (
+        select(*(Model.__table__.c[c.name] for c in PUBLIC))
+        if fields is None
+        else select(*(getattr(Model, f) for f in fields))
+    )
     where, dialect = None, session.get_bind().dialect.name
     if expression is not None and not (isinstance(expression, str) and not expression.strip()):
         where = compile_search(expression, dialect)
@@ -221,11 +251,15 @@ def variants_of(session: Session, name: str) -> tuple[str, list[ModelInfo]]:
         row = resolve(session, name)
         arch = row.arch_name or row.name
     except ModelNotFound:
-        archs = session.scalars(select(Model.arch_name).where(Model.kind == "variant", (Model.arch_name == name)
-                                | Model.arch_name.like(f"%/{name}")).distinct()).all()
+        archs = session.scalars(
+            select(Model.arch_name)
+            .where(Model.kind == "variant", (Model.arch_name == name) | Model.arch_name.like(f"%/{name}"))
+            .distinct()
+        ).all()
         if len(archs) != 1:
             raise
         arch = archs[0]
-    rows = session.scalars(select(Model).where(Model.arch_name == arch, Model.kind == "variant")
-                           .order_by(bytewise(Model.name)))
+    rows = session.scalars(
+        select(Model).where(Model.arch_name == arch, Model.kind == "variant").order_by(bytewise(Model.name))
+    )
     return arch, [ModelInfo.from_row(r) for r in rows]

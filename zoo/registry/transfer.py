@@ -31,6 +31,7 @@ def copy_registry(src: str, dst: str, replace: bool = False) -> dict[str, int]:
     # Reads are src's errors and writes dst's (a full disk is the target's): each write is translated
     # for dst inside the block that translates for src, which lets zoo's errors pass.
     with db.translated(dst), db.schema_locked(dst) as target, db.translated(src), reader.connect() as source:
+
         def write(*statement):
             with db.translated(dst):
                 target.execute(*statement)
@@ -50,8 +51,12 @@ def copy_registry(src: str, dst: str, replace: bool = False) -> dict[str, int]:
         if target.dialect.name == "postgresql":
             for table in TABLES:
                 if "id" in table.c:  # serial ids: the next insert continues after the copied ones
-                    write(text(f"SELECT setval(pg_get_serial_sequence('{table.name}', 'id'), "
-                               f"coalesce(max(id), 1), max(id) IS NOT NULL) FROM {table.name}"))
+                    write(
+                        text(
+                            f"SELECT setval(pg_get_serial_sequence('{table.name}', 'id'), "
+                            f"coalesce(max(id), 1), max(id) IS NOT NULL) FROM {table.name}"
+                        )
+                    )
     return counts
 
 
@@ -62,12 +67,16 @@ def _refuse_non_numbers(src: str, table: Table, numbers: list[str], rows: list[d
         for column in numbers:
             if row[column] is not None and finite(row[column]) is None:
                 which = row.get("name") or f"id {row.get('id', row.get('model_id'))}"
-                raise RegistryError(f"{db.masked(src)}: {table.name} {which}: {column} is {row[column]!r:.40}, not a "
-                                    f"finite number; nothing was copied: set it to a number (or NULL) in the source, "
-                                    f"or remove that row, and copy again")
+                raise RegistryError(
+                    f"{db.masked(src)}: {table.name} {which}: {column} is {row[column]!r:.40}, not a "
+                    f"finite number; nothing was copied: set it to a number (or NULL) in the source, "
+                    f"or remove that row, and copy again"
+                )
 
 
 def _refuse_non_empty(dst: str, models: int) -> None:
     if models:
-        raise RegistryError(f"the registry at {db.masked(dst)} already holds {models} models: copy into an empty "
-                            f"one, or pass --replace (replace=True) to drop them first")
+        raise RegistryError(
+            f"the registry at {db.masked(dst)} already holds {models} models: copy into an empty "
+            f"one, or pass --replace (replace=True) to drop them first"
+        )

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from zoo.columns import BY_NAME
 from zoo.errors import SearchSyntaxError
-from zoo.throughput.measured import MEASURED
 from zoo.query import MAX_COMPARISONS, MAX_DEPTH, And, Compare, Expr, Not, Or, check, parse, parse_sort
+from zoo.throughput.measured import MEASURED
 from zoo.throughput.roofline import PREDICTED, coefficients
 
 DIALECTS = ("sqlite", "postgresql")
@@ -57,15 +57,17 @@ def _bytewise(sql: str, dialect: str) -> str:
 
 
 def predicted_sql(field: str) -> str:
-    """A predicted field's samples/s (zoo.throughput.roofline.predict from the same coefficients), NULL for a row without
-    flops, bytes or activations. A CASE, not AND: PostgreSQL may evaluate an AND's division before its guard.
+    """A predicted field's samples/s (zoo.throughput.roofline.predict from the same coefficients), NULL for a row
+    without flops, bytes or activations. A CASE, not AND: PostgreSQL may evaluate an AND's division before its guard.
     The coefficients are the hardware table's, not the user's, and repr(float) is a SQL number."""
     device = PREDICTED[field]
     per_flop, per_activation, per_weight = map(repr, coefficients(device, device.batch))
     compute = f"{per_flop} * models.flops"
     memory = f"{per_activation} * models.train_activation_bytes + {per_weight} * models.bytes"
-    return (f"CASE WHEN models.flops > 0 AND models.train_activation_bytes > 0 AND models.bytes > 0 "
-            f"THEN 1.0 / (CASE WHEN {compute} >= {memory} THEN {compute} ELSE {memory} END) END")
+    return (
+        f"CASE WHEN models.flops > 0 AND models.train_activation_bytes > 0 AND models.bytes > 0 "
+        f"THEN 1.0 / (CASE WHEN {compute} >= {memory} THEN {compute} ELSE {memory} END) END"
+    )
 
 
 # A stored value that is a finite number. A run put in by hand may hold what zoo never records, and MAX() would
@@ -78,9 +80,11 @@ def best_measured_sql(field: str) -> str:
     """A measured field's sort key: the model's best recorded samples/s of that device and mode (its runs of a
     finite number), NULL without one. The device and mode are zoo.throughput.measured's names, not the user's."""
     device, mode = MEASURED[field]
-    return (f"SELECT MAX(measurements.samples_per_s) FROM measurements WHERE measurements.model_id = models.id "
-            f"AND measurements.device = '{device}' AND measurements.mode = '{mode}' "
-            f"AND measurements.samples_per_s {FINITE}")
+    return (
+        f"SELECT MAX(measurements.samples_per_s) FROM measurements WHERE measurements.model_id = models.id "
+        f"AND measurements.device = '{device}' AND measurements.mode = '{mode}' "
+        f"AND measurements.samples_per_s {FINITE}"
+    )
 
 
 def _glob(e: Compare, value: str, dialect: str, bind: Binds, prefilter) -> str:
@@ -98,9 +102,11 @@ def _glob(e: Compare, value: str, dialect: str, bind: Binds, prefilter) -> str:
     pattern = trigram_pattern(value)
     candidates = None
     if pattern is not None and prefilter(pattern):  # a superset of the matches, found fast; the LIKE decides
-        candidates = (f"models.id IN (SELECT rowid FROM models_fts WHERE models_fts.name LIKE {bind(pattern)})"
-                      if dialect == "sqlite" else
-                      f"{_bytewise('models.name', dialect)} ILIKE {bind(pattern.replace(chr(92), chr(92) * 2))}")
+        candidates = (
+            f"models.id IN (SELECT rowid FROM models_fts WHERE models_fts.name LIKE {bind(pattern)})"
+            if dialect == "sqlite"
+            else f"{_bytewise('models.name', dialect)} ILIKE {bind(pattern.replace(chr(92), chr(92) * 2))}"
+        )
     cond = like(col) if value.startswith("*") else f"({like(col)} OR {like('models.short')})"
     return cond if candidates is None else f"({candidates} AND {cond})"
 
@@ -139,8 +145,9 @@ def _compile(e: Expr, negate: bool, depth: int, seen: list[int], dialect: str, b
     return f"NOT ({cond})" if negate else cond
 
 
-def compile_where(expr: str | Expr, dialect: str = "sqlite", prefilter=lambda pattern: True,
-                  named: bool = False) -> tuple[str, dict | list]:
+def compile_where(
+    expr: str | Expr, dialect: str = "sqlite", prefilter=lambda pattern: True, named: bool = False
+) -> tuple[str, dict | list]:
     """A WHERE clause on the models table and its values (a list for `?`, a dict for `:w0` placeholders);
     prefilter(pattern): whether a name glob gets its trigram pre-filter (all do unless told: it never changes
     which rows match)."""

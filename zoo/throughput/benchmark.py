@@ -25,8 +25,7 @@ from zoo.errors import BenchFailed, InvalidArgument, ZooError, reason
 DEVICES = ("cpu", "cuda")
 
 
-def check_options(device: str = "cpu", batch: int = 1, dtype: str = "fp32", steps: int = 40,
-                  warmup: int = 10) -> None:
+def check_options(device: str = "cpu", batch: int = 1, dtype: str = "fp32", steps: int = 40, warmup: int = 10) -> None:
     """Refuse bad options (InvalidArgument) before anything is built; a CUDA run needs a usable GPU."""
     if device not in DEVICES:
         raise InvalidArgument(f"--device is one of {', '.join(DEVICES)}, not {device!r}")
@@ -38,8 +37,10 @@ def check_options(device: str = "cpu", batch: int = 1, dtype: str = "fp32", step
         import torch
 
         if not torch.cuda.is_available():
-            raise InvalidArgument("--device cuda: torch sees no usable CUDA GPU here (torch.cuda.is_available() is "
-                                  "False): bench on --device cpu, or on a machine with a GPU")
+            raise InvalidArgument(
+                "--device cuda: torch sees no usable CUDA GPU here (torch.cuda.is_available() is "
+                "False): bench on --device cpu, or on a machine with a GPU"
+            )
 
 
 def hardware(device: str) -> str:
@@ -110,8 +111,10 @@ def check_memory(spec: dict, batch: int, device: str, dtype: str) -> None:
     need = sum(t.numel() * t.element_size() for t in tensor_leaves(make_inputs(spec, batch, dtype=float_dtype(dtype))))
     free = torch.cuda.mem_get_info()[0] if device == "cuda" else _rss("MemAvailable", "/proc/meminfo")
     if free is not None and need > free:
-        raise InvalidArgument(f"--batch {batch}: the inputs alone take {need / 2**30:.1f} GiB, more than the "
-                              f"{free / 2**30:.1f} GiB free on this {device}: give a smaller --batch")
+        raise InvalidArgument(
+            f"--batch {batch}: the inputs alone take {need / 2**30:.1f} GiB, more than the "
+            f"{free / 2**30:.1f} GiB free on this {device}: give a smaller --batch"
+        )
 
 
 def _real_inputs(spec: dict, batch: int, device: str, dtype, channels_last: bool):
@@ -148,8 +151,18 @@ def _loss(output):
     return sum(t.float().mean() for t in leaves)
 
 
-def measure(module, spec: dict, device: str = "cpu", batch: int = 1, dtype: str = "fp32", train: bool = False,
-            steps: int = 40, warmup: int = 10, compile: bool = False, channels_last: bool = False) -> dict:
+def measure(
+    module,
+    spec: dict,
+    device: str = "cpu",
+    batch: int = 1,
+    dtype: str = "fp32",
+    train: bool = False,
+    steps: int = 40,
+    warmup: int = 10,
+    compile: bool = False,
+    channels_last: bool = False,
+) -> dict:
     """Time a module that is still on meta: materialize it (init) on `device`, then warm up and time it."""
     import torch
 
@@ -172,6 +185,7 @@ def measure(module, spec: dict, device: str = "cpu", batch: int = 1, dtype: str 
             _loss(model(*args, **kwargs)).backward()
             optimizer.step()
     else:
+
         def step():
             model(*args, **kwargs)
 
@@ -187,14 +201,28 @@ def measure(module, spec: dict, device: str = "cpu", batch: int = 1, dtype: str 
             sync()
             total += time.perf_counter() - t
         elapsed = time.perf_counter() - start
-    peak = torch.cuda.max_memory_allocated() if cuda else (
-        None if base is None or _rss("VmHWM") is None else max(0, _rss("VmHWM") - base))
+    peak = (
+        torch.cuda.max_memory_allocated()
+        if cuda
+        else (None if base is None or _rss("VmHWM") is None else max(0, _rss("VmHWM") - base))
+    )
     return {"samples_per_s": batch * steps / elapsed, "step_ms": 1000 * total / steps, "peak_bytes": peak}
 
 
-def run(zoo, name: str, device: str = "cpu", batch: int = 1, dtype: str = "fp32", train: bool = False,
-        steps: int = 40, warmup: int = 10, compile: bool = False, channels_last: bool = False,
-        record: bool = True, skip_recorded: bool = False) -> dict:
+def run(
+    zoo,
+    name: str,
+    device: str = "cpu",
+    batch: int = 1,
+    dtype: str = "fp32",
+    train: bool = False,
+    steps: int = 40,
+    warmup: int = 10,
+    compile: bool = False,
+    channels_last: bool = False,
+    record: bool = True,
+    skip_recorded: bool = False,
+) -> dict:
     """Measure `name` from the registry `zoo` (a Zoo) and record the run there; returns the run's fields (as
     recorded) with "name" and "skipped" (True: skip_recorded found a run of the same kind, nothing was measured)."""
     import torch
@@ -207,12 +235,21 @@ def run(zoo, name: str, device: str = "cpu", batch: int = 1, dtype: str = "fp32"
 
     info = zoo.info(name)
     if not info.inputs:
-        raise InvalidArgument(f"{info.name} has no recorded input spec (scan status {info.scan_status}): nothing to "
-                              f"feed it; index it with an input (zoo index builder ... --input) first")
+        raise InvalidArgument(
+            f"{info.name} has no recorded input spec (scan status {info.scan_status}): nothing to "
+            f"feed it; index it with an input (zoo index builder ... --input) first"
+        )
     spec = spec_of_inputs(info.inputs)
-    kind = {"hardware": hardware(device), "device": device, "mode": "train" if train else "infer",
-            "dtype": dtype, "batch": batch, "compiled": bool(compile), "channels_last": bool(channels_last),
-            "threads": torch.get_num_threads()}
+    kind = {
+        "hardware": hardware(device),
+        "device": device,
+        "mode": "train" if train else "infer",
+        "dtype": dtype,
+        "batch": batch,
+        "compiled": bool(compile),
+        "channels_last": bool(channels_last),
+        "threads": torch.get_num_threads(),
+    }
     if skip_recorded:
         with db.session(zoo.url) as s:
             if measurements.recorded(s, info.name, kind):
@@ -220,19 +257,37 @@ def run(zoo, name: str, device: str = "cpu", batch: int = 1, dtype: str = "fp32"
     check_memory(spec, batch, device, dtype)
     module = zoo.get(info.name)
     try:
-        result = measure(module, spec, device=device, batch=batch, dtype=dtype, train=train, steps=steps,
-                         warmup=warmup, compile=compile, channels_last=channels_last)
+        result = measure(
+            module,
+            spec,
+            device=device,
+            batch=batch,
+            dtype=dtype,
+            train=train,
+            steps=steps,
+            warmup=warmup,
+            compile=compile,
+            channels_last=channels_last,
+        )
     except ZooError:
         raise
     except Exception as e:  # the model's own code raised (any exception), or torch ran out of memory
         text = " ".join(str(e).split())
         if isinstance(e, (MemoryError, torch.OutOfMemoryError)) or "can't allocate memory" in text:
-            raise BenchFailed(f"{info.name} ran out of memory on {device} at batch {batch}: give a smaller --batch "
-                              f"({text[:300]})") from e
+            raise BenchFailed(
+                f"{info.name} ran out of memory on {device} at batch {batch}: give a smaller --batch ({text[:300]})"
+            ) from e
         raise BenchFailed(f"{info.name} failed on {device} at batch {batch}: {reason(e)}") from e
     shapes = [{**i, "shape": [batch, *i["shape"][1:]]} for i in info.inputs]
-    values = {**kind, **result, "inputs": shapes, "steps": steps, "warmup": warmup, "versions": versions(),
-              "who": who()}
+    values = {
+        **kind,
+        **result,
+        "inputs": shapes,
+        "steps": steps,
+        "warmup": warmup,
+        "versions": versions(),
+        "who": who(),
+    }
     if record:
         with db.session(target, write=True) as s, s.begin():
             measurements.record(s, info.name, values)
@@ -247,7 +302,7 @@ def run_search(zoo, expression, report=None, **options) -> list[dict]:
     report(name, done, total, result) is called after each model."""
     check_options(**{k: options[k] for k in ("device", "batch", "dtype", "steps", "warmup") if k in options})
     if options.get("record", True):
-        zoo._writable  # a read-only registry is refused once, not reported as every model's failure
+        _ = zoo._writable  # a read-only registry is refused once, not reported as every model's failure
     names = [r["name"] for r in zoo.search(expression, fields=("name",))]
     out = []
     for i, name in enumerate(names):
@@ -277,8 +332,8 @@ def recorded_runs(zoo, name: str) -> list[dict]:
 
 def fastest(zoo, names: list[str], field: str) -> dict[str, float]:
     """Name -> the best samples/s among its runs that a measured field (bench_cpu, ...) compares."""
-    from zoo.throughput.measured import MEASURED
     from zoo.registry import lite
+    from zoo.throughput.measured import MEASURED
 
     found = lite.fastest(zoo.url, names, *MEASURED[field])
     if found is None:

@@ -24,8 +24,10 @@ def doc(field: str) -> str:
     device, mode = MEASURED[field]
     what = "inference" if mode == "infer" else "training steps (forward, loss, backward, optimizer step)"
     where = "a CPU" if device == "cpu" else "a CUDA GPU"
-    return (f"measured by `zoo bench{' --train' if mode == 'train' else ''}`: {what} on {where}, the best recorded "
-            f"run (any hardware model, dtype, batch); `zoo show` lists them")
+    return (
+        f"measured by `zoo bench{' --train' if mode == 'train' else ''}`: {what} on {where}, the best recorded "
+        f"run (any hardware model, dtype, batch); `zoo show` lists them"
+    )
 
 
 # A run's numbers (zoo.registry.tables.Measurement), and its JSON fields with what each holds

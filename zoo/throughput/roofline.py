@@ -40,8 +40,20 @@ from zoo.errors import InvalidArgument
 # catalog/hardware.csv, linked into the package so that an installed zoo searches the predicted fields too
 HARDWARE = Path(__file__).resolve().parent.parent / "hardware.csv"
 MODES = {"infer": 1, "train": 3}  # FLOPs and activation traffic of a step, in forwards
-FIELDS = ("column", "device", "mode", "precision", "element_bytes", "batch", "peak_tflops", "peak_basis",
-          "bandwidth_gbs", "bandwidth_basis", "source", "checked")  # checked: what could be confirmed
+FIELDS = (
+    "column",
+    "device",
+    "mode",
+    "precision",
+    "element_bytes",
+    "batch",
+    "peak_tflops",
+    "peak_basis",
+    "bandwidth_gbs",
+    "bandwidth_basis",
+    "source",
+    "checked",
+)  # checked: what could be confirmed
 PREFIX = "pred_"  # a predicted field is named after the measured column it predicts: pred_infer_4090_amp
 UNIT = "samples/s"
 
@@ -85,8 +97,10 @@ def _positive(row: dict, key: str, path) -> float:
         raise InvalidArgument(f"{path}: {row.get('column')!r}: {key} is {row.get(key)!r}, not a number") from None
     if not (math.isfinite(value) and 0 < value <= _MOST[key]) or key in _WHOLE and value != int(value):
         kind = "a whole number" if key in _WHOLE else "a number"
-        raise InvalidArgument(f"{path}: {row.get('column')!r}: {key} must be {kind} above 0 and at most "
-                              f"{_MOST[key]:g}, not {row.get(key)!r}: fix that row of the hardware table")
+        raise InvalidArgument(
+            f"{path}: {row.get('column')!r}: {key} must be {kind} above 0 and at most "
+            f"{_MOST[key]:g}, not {row.get(key)!r}: fix that row of the hardware table"
+        )
     return value
 
 
@@ -105,10 +119,16 @@ def load_hardware(path: str | Path = HARDWARE) -> dict[str, Device]:
         if row["mode"] not in MODES:
             raise InvalidArgument(f"{path}: {row['column']!r}: mode {row['mode']!r} is not one of {sorted(MODES)}")
         devices[row["column"]] = Device(
-            column=row["column"], device=row["device"], mode=row["mode"], precision=row["precision"],
-            element_bytes=int(_positive(row, "element_bytes", path)), batch=int(_positive(row, "batch", path)),
+            column=row["column"],
+            device=row["device"],
+            mode=row["mode"],
+            precision=row["precision"],
+            element_bytes=int(_positive(row, "element_bytes", path)),
+            batch=int(_positive(row, "batch", path)),
             peak_flops=_positive(row, "peak_tflops", path) * 1e12,
-            bandwidth=_positive(row, "bandwidth_gbs", path) * 1e9, source=row["source"])
+            bandwidth=_positive(row, "bandwidth_gbs", path) * 1e9,
+            source=row["source"],
+        )
     return devices
 
 
@@ -132,8 +152,11 @@ def coefficients(device: Device, batch: int) -> tuple[float, float, float]:
     max(c_flop * flops, c_activation * train_activation_bytes + c_weight * bytes) (see the module's docstring).
     The search compiles predicted fields from these three numbers, so the SQL and predict() cannot differ."""
     steps = MODES[device.mode]
-    return (steps / device.peak_flops, 2 * steps * device.element_bytes / 4 / device.bandwidth,
-            steps / batch / device.bandwidth)
+    return (
+        steps / device.peak_flops,
+        2 * steps * device.element_bytes / 4 / device.bandwidth,
+        steps / batch / device.bandwidth,
+    )
 
 
 def predict(row, device: Device, batch: int) -> Estimate:
@@ -148,8 +171,10 @@ def predict(row, device: Device, batch: int) -> Estimate:
     seconds = max(compute_s, memory_s)
     # a Device that load_hardware would refuse (0 coefficients), or a hand-made row's 1e-300 flops: no number
     if not seconds > 0 or not math.isfinite(1 / seconds):
-        raise InvalidArgument(f"no finite prediction on {device.column} for flops {row['flops']}, bytes "
-                              f"{row['bytes']}, train_activation_bytes {row['train_activation_bytes']}")
+        raise InvalidArgument(
+            f"no finite prediction on {device.column} for flops {row['flops']}, bytes "
+            f"{row['bytes']}, train_activation_bytes {row['train_activation_bytes']}"
+        )
     return Estimate(1 / seconds, compute_s, memory_s, memory_s * device.bandwidth)
 
 
@@ -170,6 +195,8 @@ def doc(field: str) -> str:
     """What `zoo search --fields` says a predicted field means."""
     d = PREDICTED[field]
     what = "training steps" if d.mode == "train" else "inference"
-    return (f"PREDICTED, not measured: the roofline upper bound of {what} on {d.device} ({d.precision}) at batch "
-            f"{d.batch}, from flops, bytes and train_activation_bytes (zoo.throughput.roofline); measured runs reach a fraction "
-            f"of it (README: Predicted throughput)")
+    return (
+        f"PREDICTED, not measured: the roofline upper bound of {what} on {d.device} ({d.precision}) at batch "
+        f"{d.batch}, from flops, bytes and train_activation_bytes (zoo.throughput.roofline); measured runs reach "
+        f"a fraction of it (README: Predicted throughput)"
+    )

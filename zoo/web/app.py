@@ -35,7 +35,7 @@ HERE = Path(__file__).resolve().parent
 STATIC, TEMPLATES = HERE / "static", HERE / "templates"
 HEADERS = {
     "Content-Security-Policy": "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
-                               "connect-src 'self'; base-uri 'none'; form-action 'self'; frame-ancestors 'none'",
+    "connect-src 'self'; base-uri 'none'; form-action 'self'; frame-ancestors 'none'",
     "X-Content-Type-Options": "nosniff",
     "Referrer-Policy": "no-referrer",
 }
@@ -83,8 +83,9 @@ class Catalog:
             response = JSONResponse(body, status_code=status, headers=HEADERS)
         else:
             name, title = html
-            response = HTMLResponse(page(name, title, "/", {"mode": "server", **body}), status_code=status,
-                                    headers=HEADERS)
+            response = HTMLResponse(
+                page(name, title, "/", {"mode": "server", **body}), status_code=status, headers=HEADERS
+            )
         return self.timed(response, start)
 
     @staticmethod
@@ -104,13 +105,16 @@ class Catalog:
     # --- pages ---
 
     def search_page(self, request: Request) -> Response:
-        return self.answer(lambda: {"search": views.search(self.zoo, request.query_params)},
-                           ("search.html", "zoo catalog"))
+        return self.answer(
+            lambda: {"search": views.search(self.zoo, request.query_params)}, ("search.html", "zoo catalog")
+        )
 
     def model_page(self, request: Request) -> Response:
         name = request.path_params["name"]
-        return self.answer(lambda: {"model": views.model(self.zoo, name, request.query_params)},
-                           ("model.html", f"{name} - zoo catalog"))
+        return self.answer(
+            lambda: {"model": views.model(self.zoo, name, request.query_params)},
+            ("model.html", f"{name} - zoo catalog"),
+        )
 
     # --- JSON API: Zoo.search, Zoo.info, Zoo.scan, Zoo.estimate ---
 
@@ -131,9 +135,15 @@ class Catalog:
         event loop: waiting in a thread would hold one of the 40 that every other route needs (41 estimates
         stalled a search); the one running holds one thread, which waits for the worker's answer."""
         if self.heavy_admitted > self.heavy_queue:
-            return JSONResponse({"error": "Busy", "message": f"{self.heavy_admitted} scans and estimates are running "
-                                 f"or waiting: try again in {RETRY_AFTER_S} s"}, status_code=503,
-                                headers={**HEADERS, "Retry-After": str(RETRY_AFTER_S)})
+            return JSONResponse(
+                {
+                    "error": "Busy",
+                    "message": f"{self.heavy_admitted} scans and estimates are running "
+                    f"or waiting: try again in {RETRY_AFTER_S} s",
+                },
+                status_code=503,
+                headers={**HEADERS, "Retry-After": str(RETRY_AFTER_S)},
+            )
         self.heavy_lane = self.heavy_lane or anyio.Lock()
         self.heavy_admitted += 1
         try:
@@ -142,7 +152,8 @@ class Catalog:
                 self.worker.start()  # on the event loop's thread, which lives as long as the server
                 try:
                     status, body = await anyio.to_thread.run_sync(
-                        self.worker.call, kind, request.path_params["name"], dict(request.query_params))
+                        self.worker.call, kind, request.path_params["name"], dict(request.query_params)
+                    )
                     response = Response(body, status, HEADERS, "application/json")
                 except ZooError as e:  # the worker ended (WorkerFailed)
                     status, body = self.failure(e)
@@ -158,8 +169,11 @@ class Catalog:
 
     async def not_found(self, request: Request, exc) -> Response:
         status = getattr(exc, "status_code", 404)
-        return JSONResponse({"error": "HTTPError", "message": f"{status}: {request.method} {request.url.path}"},
-                            status_code=status, headers=HEADERS)
+        return JSONResponse(
+            {"error": "HTTPError", "message": f"{status}: {request.method} {request.url.path}"},
+            status_code=status,
+            headers=HEADERS,
+        )
 
 
 LOOPBACK_HOSTS = ["127.0.0.1", "localhost", "[::1]"]
@@ -182,8 +196,12 @@ def create_app(url: str | None = None, hosts: list[str] | None = None, heavy_que
     middleware = [Middleware(GZipMiddleware, minimum_size=2048, compresslevel=5)]
     if hosts is not None:
         middleware.insert(0, Middleware(TrustedHostMiddleware, allowed_hosts=hosts))
-    app = Starlette(routes=routes, middleware=middleware, exception_handlers={404: c.not_found, 405: c.not_found},
-                    lifespan=c.lifespan)
+    app = Starlette(
+        routes=routes,
+        middleware=middleware,
+        exception_handlers={404: c.not_found, 405: c.not_found},
+        lifespan=c.lifespan,
+    )
     app.state.catalog = c
     return app
 

@@ -36,7 +36,7 @@ def file_name(name: str) -> str:
     ('/', '..') or collide; a name past 120 such characters (a 255-character name can take 765) goes into
     folders of 120 each, so that no part is too long for the file system. static/format.js computes the same."""
     plain = "".join(chr(b) if chr(b) in _PLAIN else f"_{b:02x}" for b in name.encode())
-    return "/".join(plain[i:i + _PART] for i in range(0, len(plain), _PART)) + ".json"
+    return "/".join(plain[i : i + _PART] for i in range(0, len(plain), _PART)) + ".json"
 
 
 def _write(path: Path, data) -> None:
@@ -52,8 +52,10 @@ def export_catalog(out, url: str | None = None, trees: bool = False, progress=No
     index = views.catalog_index(zoo)
     earlier = out.is_dir() and (out / "data" / "index.json").is_file()
     if out.exists() and not earlier and (not out.is_dir() or any(out.iterdir())):
-        raise CatalogError(f"{out} is not empty and holds no earlier export, which zoo catalog replaces whole: give "
-                           f"a new or empty folder")
+        raise CatalogError(
+            f"{out} is not empty and holds no earlier export, which zoo catalog replaces whole: give "
+            f"a new or empty folder"
+        )
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
         new = Path(tempfile.mkdtemp(prefix=f".{out.name}.new-", dir=out.parent))

@@ -85,5 +85,13 @@ def config(app, host: str = "127.0.0.1", port: int = 8000, header_timeout_s: flo
 
     files = raise_file_limit()
     cap = max(16, min(MAX_CONNECTIONS, files - min(FILES_RESERVED, files // 4)))
-    return uvicorn.Config(app, host=host, port=port, log_level="warning", http=guarded_protocol(cap, header_timeout_s),
-                          h11_max_incomplete_event_size=MAX_HEADER_BYTES, backlog=2048, timeout_keep_alive=5)
+    return uvicorn.Config(
+        app,
+        host=host,
+        port=port,
+        log_level="warning",
+        http=guarded_protocol(cap, header_timeout_s),
+        h11_max_incomplete_event_size=MAX_HEADER_BYTES,
+        backlog=2048,
+        timeout_keep_alive=5,
+    )

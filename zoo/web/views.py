@@ -12,13 +12,22 @@ from zoo import render
 from zoo.api import Zoo
 from zoo.columns import SEARCH_FIELDS, THROUGHPUT
 from zoo.errors import (
-    AmbiguousName, AnalysisError, BuildFailed, InvalidArgument, ModelNotFound, NotBuildable, RegistryDrift,
-    RegistryError, RegistryLocked, SearchSyntaxError, ZooError,
+    AmbiguousName,
+    AnalysisError,
+    BuildFailed,
+    InvalidArgument,
+    ModelNotFound,
+    NotBuildable,
+    RegistryDrift,
+    RegistryError,
+    RegistryLocked,
+    SearchSyntaxError,
+    ZooError,
 )
 from zoo.families import family
 from zoo.model_info import ModelInfo
-from zoo.throughput.measured import MEASURED
 from zoo.query import COMPARED, parse_sort
+from zoo.throughput.measured import MEASURED
 from zoo.throughput.roofline import PREDICTED, predicted
 
 # Every answer is bounded: a page of rows, a page of tensors, at most MAX_RESULTS rows behind a
@@ -41,15 +50,23 @@ def plot_axes() -> list[dict]:
     """The numbers the plot can put on either axis: label, log scale, better (1: more is better, -1: less),
     predicted (every value is a prediction), fill (the predicted field that stands in where this measured
     one is missing, drawn as a prediction). plot.js reads this, the server's and the static catalog's alike."""
+
     def axis(name, label, log, better, prediction=False, fill=None):
         return {"name": name, "label": label, "log": log, "better": better, "predicted": prediction, "fill": fill}
 
-    axes = [axis("top1", "top-1 (%)", False, 1), axis("top5", "top-5 (%)", False, 1),
-            axis("test_top1", "top-1 at the test size (%)", False, 1),
-            axis("flops", "GFLOPs (batch 1)", True, -1), axis("test_flops", "GFLOPs at the test size", True, -1),
-            axis("params", "parameters", True, -1), axis("bytes", "bytes", True, -1)]
-    axes += [axis(c, f"{c} (samples/s, measured)", True, 1, fill=f"pred_{c}" if f"pred_{c}" in PREDICTED else None)
-             for c in THROUGHPUT]
+    axes = [
+        axis("top1", "top-1 (%)", False, 1),
+        axis("top5", "top-5 (%)", False, 1),
+        axis("test_top1", "top-1 at the test size (%)", False, 1),
+        axis("flops", "GFLOPs (batch 1)", True, -1),
+        axis("test_flops", "GFLOPs at the test size", True, -1),
+        axis("params", "parameters", True, -1),
+        axis("bytes", "bytes", True, -1),
+    ]
+    axes += [
+        axis(c, f"{c} (samples/s, measured)", True, 1, fill=f"pred_{c}" if f"pred_{c}" in PREDICTED else None)
+        for c in THROUGHPUT
+    ]
     axes += [axis(f, f"{f} (samples/s, predicted)", True, 1, prediction=True) for f in PREDICTED]
     return axes
 
@@ -128,7 +145,7 @@ def search(zoo: Zoo, params) -> dict:
     for row in found:  # the plot's points: every row
         row.update({f: predicted(row, f) for f in plotted if f in PREDICTED})
     start = (page - 1) * per_page
-    rows = found[start:start + per_page]
+    rows = found[start : start + per_page]
     for row in rows:  # the table's columns: this page
         row.update({f: predicted(row, f) for f in named if f in PREDICTED and f not in row})
     if any(f in MEASURED for f in named):
@@ -139,11 +156,18 @@ def search(zoo: Zoo, params) -> dict:
             for row in rows:
                 row[field] = best.get(row["name"])
     return {
-        "q": q, "sort": sort, "page": page, "per_page": per_page, "total": len(found), "more": more,
-        "pages": max(1, math.ceil(len(found) / per_page)), "columns": shown,
+        "q": q,
+        "sort": sort,
+        "page": page,
+        "per_page": per_page,
+        "total": len(found),
+        "more": more,
+        "pages": max(1, math.ceil(len(found) / per_page)),
+        "columns": shown,
         "rows": [{c: r[c] for c in shown} for r in rows],
         "facets": {f: Counter(r[f] for r in found if r[f]).most_common() for f in ("family", "task")},
-        "points": [{f: r[f] for f in plotted} for r in found], "axes": plot_axes(),
+        "points": [{f: r[f] for f in plotted} for r in found],
+        "axes": plot_axes(),
     }
 
 
@@ -160,11 +184,19 @@ def model(zoo: Zoo, name: str, params=None, whole: bool = False) -> dict:
     fields = info.as_dict()
     fields.pop("tensor_table", None)
     start = (page - 1) * per_page
-    header, *rows = render.tensor_rows(table[start:start + per_page])  # just the page: a third of a model's time
+    header, *rows = render.tensor_rows(table[start : start + per_page])  # just the page: a third of a model's time
     return {
-        "name": info.name, "fields": fields, "show": [list(r) for r in render.info_rows(info)],
-        "tensors": {"header": header, "rows": rows, "total": len(table),
-                    "page": page, "per_page": per_page, "pages": max(1, math.ceil(len(table) / per_page))},
+        "name": info.name,
+        "fields": fields,
+        "show": [list(r) for r in render.info_rows(info)],
+        "tensors": {
+            "header": header,
+            "rows": rows,
+            "total": len(table),
+            "page": page,
+            "per_page": per_page,
+            "pages": max(1, math.ceil(len(table) / per_page)),
+        },
         "snippets": snippets(info),
     }
 
@@ -173,8 +205,10 @@ def snippets(info: ModelInfo) -> list[str]:
     weights = f", weights={json.dumps(info.weights[0]['tag'])}" if info.weights else ""
     lines = [f"import zoo\nm = zoo.get({json.dumps(info.name)}{weights})  # every tensor on meta until .materialize()"]
     if info.status == "ok" and family(info.family).BUILDS:
-        lines += [f"zoo estimate {info.name} --batch 32 --dtype bf16 --training",
-                  f"zoo show {info.name} --tree --depth 2"]
+        lines += [
+            f"zoo estimate {info.name} --batch 32 --dtype bf16 --training",
+            f"zoo show {info.name} --tree --depth 2",
+        ]
     return lines
 
 
@@ -183,21 +217,31 @@ def tree(zoo: Zoo, name: str) -> dict:
     info = zoo.info(name)
     result = zoo.scan(info.name, strict=False)
     modules = result.as_dict()["modules"]
-    return {"name": info.name, "error": result.error, "outputs": result.outputs, "total": len(modules),
-            "truncated": len(modules) > MAX_TREE_MODULES, "modules": modules[:MAX_TREE_MODULES]}
+    return {
+        "name": info.name,
+        "error": result.error,
+        "outputs": result.outputs,
+        "total": len(modules),
+        "truncated": len(modules) > MAX_TREE_MODULES,
+        "modules": modules[:MAX_TREE_MODULES],
+    }
 
 
 def estimate(zoo: Zoo, name: str, params) -> dict:
     """Zoo.estimate with batch, dtype, training, optimizer, seq_len, kv_dtype, weights_dtype, group_size and
     checkpointing from query parameters."""
-    result = zoo.estimate(name, batch=whole_number(params, "batch", 1, 1, MAX_BATCH),
-                          dtype=(params.get("dtype") or "bf16").strip(), training=flag(params, "training"),
-                          optimizer=(params.get("optimizer") or "adamw").strip(),
-                          seq_len=whole_number(params, "seq_len", None, 1, MAX_SEQ_LEN),
-                          kv_dtype=(params.get("kv_dtype") or "").strip() or None,
-                          weights_dtype=(params.get("weights_dtype") or "").strip() or None,
-                          group_size=whole_number(params, "group_size", 128, 1, 1 << 20),
-                          checkpointing=flag(params, "checkpointing"))
+    result = zoo.estimate(
+        name,
+        batch=whole_number(params, "batch", 1, 1, MAX_BATCH),
+        dtype=(params.get("dtype") or "bf16").strip(),
+        training=flag(params, "training"),
+        optimizer=(params.get("optimizer") or "adamw").strip(),
+        seq_len=whole_number(params, "seq_len", None, 1, MAX_SEQ_LEN),
+        kv_dtype=(params.get("kv_dtype") or "").strip() or None,
+        weights_dtype=(params.get("weights_dtype") or "").strip() or None,
+        group_size=whole_number(params, "group_size", 128, 1, 1 << 20),
+        checkpointing=flag(params, "checkpointing"),
+    )
     return result.as_dict()
 
 

@@ -39,8 +39,12 @@ class Worker:
         if self.proc is not None and self.proc.poll() is None:
             return
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
-        self.proc = subprocess.Popen([sys.executable, "-m", "zoo.web.worker", str(os.getpid())],
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "zoo.web.worker", str(os.getpid())],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            env=env,
+        )
         self.proc.stdin.write(self.url.encode() + b"\n")  # not an argument: ps would show a password
         self.proc.stdin.flush()
 
@@ -59,8 +63,10 @@ class Worker:
         proc.kill()
         code = proc.wait()
         how = f"killed by signal {-code}" if code < 0 else f"exit status {code}"
-        raise WorkerFailed(f"the process running scans and estimates ended during this request ({how}); "
-                           "the next request starts a new one")
+        raise WorkerFailed(
+            f"the process running scans and estimates ended during this request ({how}); "
+            "the next request starts a new one"
+        )
 
     def close(self) -> None:
         if self.proc is not None:

@@ -62,9 +62,11 @@ def _trusted_directory(path: Path, create: bool) -> bool:
         return False
     why = "not a directory" if not stat.S_ISDIR(st.st_mode) else _private(st)
     if why:
-        warn_once(("untrusted", str(path)),
-                  f"zoo: {path} is {why}: not trusted, so zoo neither reads nor writes its records there; "
-                  f"use a directory only you can write (chmod go-w, or set ZOO_CACHE)")
+        warn_once(
+            ("untrusted", str(path)),
+            f"zoo: {path} is {why}: not trusted, so zoo neither reads nor writes its records there; "
+            f"use a directory only you can write (chmod go-w, or set ZOO_CACHE)",
+        )
         return False
     return True
 
@@ -94,8 +96,11 @@ def read_record(kind: str, name: str, limit: int):
         return None
     with os.fdopen(fd, "rb") as f:
         st = os.fstat(fd)
-        why = ("not a regular file" if not stat.S_ISREG(st.st_mode) else _private(st)
-               or (f"over {limit} bytes" if st.st_size > limit else None))
+        why = (
+            "not a regular file"
+            if not stat.S_ISREG(st.st_mode)
+            else _private(st) or (f"over {limit} bytes" if st.st_size > limit else None)
+        )
         data = f.read(limit + 1) if why is None else b""
     if why is None and len(data) > limit:  # grew since the fstat
         why = f"over {limit} bytes"

@@ -41,23 +41,50 @@ class _Record:
         self.state = state
 
 
-_RECORDS = {name: type(name, (_Record,), {}) for name in (
-    "Metadata", "TensorStorageMetadata", "BytesStorageMetadata", "ChunkStorageMetadata", "TensorProperties",
-    "MetadataIndex", "StorageMeta", "_StorageInfo", "Other")}
+_RECORDS = {
+    name: type(name, (_Record,), {})
+    for name in (
+        "Metadata",
+        "TensorStorageMetadata",
+        "BytesStorageMetadata",
+        "ChunkStorageMetadata",
+        "TensorProperties",
+        "MetadataIndex",
+        "StorageMeta",
+        "_StorageInfo",
+        "Other",
+    )
+}
 _METADATA_MODULE = "torch.distributed.checkpoint.metadata"
 _STAND_INS = {
-    **{(_METADATA_MODULE, name): _RECORDS[name] for name in (
-        "Metadata", "TensorStorageMetadata", "BytesStorageMetadata", "ChunkStorageMetadata", "TensorProperties",
-        "MetadataIndex", "StorageMeta")},
+    **{
+        (_METADATA_MODULE, name): _RECORDS[name]
+        for name in (
+            "Metadata",
+            "TensorStorageMetadata",
+            "BytesStorageMetadata",
+            "ChunkStorageMetadata",
+            "TensorProperties",
+            "MetadataIndex",
+            "StorageMeta",
+        )
+    },
     ("torch.distributed.checkpoint.filesystem", "_StorageInfo"): _RECORDS["_StorageInfo"],
     # where older torch kept TensorProperties
     ("torch.distributed._shard.sharded_tensor.metadata", "TensorProperties"): _RECORDS["TensorProperties"],
     # fields zoo never reads: a memory format, a layout, StorageMeta's checkpoint path
-    **{key: _RECORDS["Other"] for key in (
-        (_METADATA_MODULE, "_MEM_FORMAT_ENCODING"), ("torch.distributed._shard.sharded_tensor.metadata",
-                                                     "MEM_FORMAT_ENCODING"),
-        ("torch.serialization", "_get_layout"), ("pathlib", "PosixPath"), ("pathlib", "PurePosixPath"),
-        ("pathlib", "WindowsPath"), ("pathlib", "PureWindowsPath"))},
+    **{
+        key: _RECORDS["Other"]
+        for key in (
+            (_METADATA_MODULE, "_MEM_FORMAT_ENCODING"),
+            ("torch.distributed._shard.sharded_tensor.metadata", "MEM_FORMAT_ENCODING"),
+            ("torch.serialization", "_get_layout"),
+            ("pathlib", "PosixPath"),
+            ("pathlib", "PurePosixPath"),
+            ("pathlib", "WindowsPath"),
+            ("pathlib", "PureWindowsPath"),
+        )
+    },
     ("torch", "Size"): lambda dims=(): tuple(dims),
 }
 
@@ -74,9 +101,11 @@ class _MetadataUnpickler(pickle.Unpickler):
         if found is None and module == "torch" and isinstance(getattr(torch, name, None), torch.dtype):
             found = getattr(torch, name)
         if found is None:
-            raise CheckpointError(f"{self.path}: its pickle names {module}.{name}, which is not part of DCP's "
-                                  f"checkpoint metadata; zoo never runs a pickle's code: save the checkpoint "
-                                  f"again with torch.distributed.checkpoint.save")
+            raise CheckpointError(
+                f"{self.path}: its pickle names {module}.{name}, which is not part of DCP's "
+                f"checkpoint metadata; zoo never runs a pickle's code: save the checkpoint "
+                f"again with torch.distributed.checkpoint.save"
+            )
         return found
 
 
@@ -117,8 +146,9 @@ class DcpSource(Source):
     def _locate(self, storage_data, metadata_path) -> None:
         """Each exposed chunk's file and byte range, checked against the file's size."""
         if not isinstance(storage_data, dict):
-            raise CheckpointError(f"{metadata_path}: no storage_data (where each chunk is); not a FileSystemWriter "
-                                  f"checkpoint")
+            raise CheckpointError(
+                f"{metadata_path}: no storage_data (where each chunk is); not a FileSystemWriter checkpoint"
+            )
         where = {}
         for index, info in storage_data.items():
             index = _fields(index, "MetadataIndex", metadata_path, "a storage index")
@@ -139,16 +169,20 @@ class DcpSource(Source):
                 if not all(type(v) is int and v >= 0 for v in (c.start, c.length)):
                     raise CheckpointError(f"{metadata_path}: a bad byte range for {t.fqn}: {c.start!r}, {c.length!r}")
                 if info.get("transform_descriptors"):
-                    raise CheckpointError(f"{metadata_path}: {t.fqn} is stored through "
-                                          f"{list(info['transform_descriptors'])!r} (compressed); zoo reads plain "
-                                          f"chunks only: save without _extensions")
+                    raise CheckpointError(
+                        f"{metadata_path}: {t.fqn} is stored through "
+                        f"{list(info['transform_descriptors'])!r} (compressed); zoo reads plain "
+                        f"chunks only: save without _extensions"
+                    )
                 if c.file not in sizes:
                     sizes[c.file] = regular_file(self.directory / c.file, "DCP data file").st_size
                 needed = math.prod(c.sizes) * t.dtype.itemsize
                 if c.start + c.length > sizes[c.file] or c.length < needed:
-                    raise CheckpointError(f"{self.directory / c.file}: the chunk of {t.fqn} at {c.offsets} is said to "
-                                          f"be bytes {c.start}..{c.start + c.length} ({needed} of data), but the file "
-                                          f"has {sizes[c.file]} bytes (truncated?)")
+                    raise CheckpointError(
+                        f"{self.directory / c.file}: the chunk of {t.fqn} at {c.offsets} is said to "
+                        f"be bytes {c.start}..{c.start + c.length} ({needed} of data), but the file "
+                        f"has {sizes[c.file]} bytes (truncated?)"
+                    )
 
     def read_into(self, name, dest, box=None) -> None:
         """Copy the tensor, or the box of it (one (start, stop) per dim, global), into dest (cast if need be)."""
@@ -176,8 +210,7 @@ class DcpSource(Source):
             rows = local[0] if local else (0, 1)  # a 0-d chunk: its one element
             start = data + (offset + rows[0] * math.prod(c.sizes[1:])) * item
             whole_rows = all((a, b) == (0, n) for (a, b), n in zip(local[1:], c.sizes[1:]))
-            if (whole_rows and target.dtype == t.dtype and target.device.type == "cpu"
-                    and target.is_contiguous()):
+            if whole_rows and target.dtype == t.dtype and target.device.type == "cpu" and target.is_contiguous():
                 self._pread(c, fd, start, target.nbytes, target)
                 return
             staging = torch.empty((rows[1] - rows[0], *c.sizes[1:]) if local else (), dtype=t.dtype)
@@ -216,6 +249,7 @@ class DcpSource(Source):
 
 # --- .metadata ---------------------------------------------------------------------------------
 
+
 def _read_metadata(path: Path):
     with os.fdopen(open_regular(path, "DCP metadata file"), "rb") as f:
         data = f.read(MAX_METADATA_BYTES + 1)
@@ -227,8 +261,9 @@ def _read_metadata(path: Path):
         raise
     except Exception as e:  # whatever a corrupt pickle makes the unpickler raise
         detail = " ".join(str(e).split())[:200]
-        raise CheckpointError(f"{path}: not a readable DCP metadata file (corrupt or truncated?): "
-                              f"{type(e).__name__}: {detail}") from None
+        raise CheckpointError(
+            f"{path}: not a readable DCP metadata file (corrupt or truncated?): {type(e).__name__}: {detail}"
+        ) from None
 
 
 def _fields(record, kind: str, path, what: str) -> dict:
@@ -240,8 +275,11 @@ def _fields(record, kind: str, path, what: str) -> dict:
 
 
 def _dims(value, path, what: str) -> tuple[int, ...]:
-    if (not isinstance(value, tuple) or len(value) > MAX_DIMS
-            or not all(type(n) is int and 0 <= n < 1 << 62 for n in value)):
+    if (
+        not isinstance(value, tuple)
+        or len(value) > MAX_DIMS
+        or not all(type(n) is int and 0 <= n < 1 << 62 for n in value)
+    ):
         raise CheckpointError(f"{path}: {what} has a bad shape or offset {value!r}")
     return value
 
@@ -260,8 +298,13 @@ def _tensors(fields: dict, path) -> tuple[dict[str, _Tensor], dict]:
         what = f"the entry of {fqn!r}"
         entry = _fields(entry, "TensorStorageMetadata", path, what)
         properties = getattr(entry.get("properties"), "state", None)
-        dtype = (properties[0] if isinstance(properties, tuple) and properties else
-                 properties.get("dtype") if isinstance(properties, dict) else None)
+        dtype = (
+            properties[0]
+            if isinstance(properties, tuple) and properties
+            else properties.get("dtype")
+            if isinstance(properties, dict)
+            else None
+        )
         if not isinstance(fqn, str) or not isinstance(dtype, torch.dtype) or not isinstance(entry.get("chunks"), list):
             raise CheckpointError(f"{path}: {what} has no name, dtype or chunks")
         shape = _dims(entry.get("size"), path, what)
@@ -279,8 +322,14 @@ def _exposed(tensors: dict, paths: dict) -> dict[str, str]:
     """Name -> fqn. dcp.save({"model": sd, "optim": ...}) flattens to "model.<key>"; the planner's key paths
     (("model", "<key>")) tell that apart from a model whose own keys start with "model." (a Llama's)."""
     if paths:
-        grouped = [k for k in tensors if k.startswith("model.") and isinstance(paths.get(k), tuple)
-                   and len(paths[k]) > 1 and paths[k][0] == "model"]
+        grouped = [
+            k
+            for k in tensors
+            if k.startswith("model.")
+            and isinstance(paths.get(k), tuple)
+            and len(paths[k]) > 1
+            and paths[k][0] == "model"
+        ]
     else:
         grouped = [k for k in tensors if k.startswith("model.")]
     if grouped:
@@ -289,6 +338,7 @@ def _exposed(tensors: dict, paths: dict) -> dict[str, str]:
 
 
 # --- a chunk: one torch.save archive inside a data file ---------------------------------------
+
 
 class _FileSlice:
     """Bytes [start, start + length) of a descriptor as a read-only seekable file, for zipfile."""
@@ -333,17 +383,20 @@ def _chunk_layout(fd: int, path: Path, t: _Tensor, c: _Chunk):
                 raise CheckpointError(f"{where} has no data.pkl of a tensor; not a torch.save archive")
             pickled = archive.read(pkl)
             if order is not None and archive.read(order) != sys.byteorder.encode():
-                raise CheckpointError(f"{where} was saved {archive.read(order)[:10]!r}-endian; this machine is "
-                                      f"{sys.byteorder}-endian")
+                raise CheckpointError(
+                    f"{where} was saved {archive.read(order)[:10]!r}-endian; this machine is {sys.byteorder}-endian"
+                )
         storages = []
 
         def persistent_load(pid):  # ("storage", storage type, key, location, numel): torch's format
             _, storage_type, key, _, numel = pid
             dtype = torch.uint8 if storage_type is torch.UntypedStorage else storage_type.dtype
             storages.append((str(key), dtype, int(numel)))
-            return torch.storage.TypedStorage(wrap_storage=torch.UntypedStorage(int(numel) * dtype.itemsize,
-                                                                                device="meta"),
-                                              dtype=dtype, _internal=True)
+            return torch.storage.TypedStorage(
+                wrap_storage=torch.UntypedStorage(int(numel) * dtype.itemsize, device="meta"),
+                dtype=dtype,
+                _internal=True,
+            )
 
         unpickler = Unpickler(io.BytesIO(pickled), encoding="utf-8")
         unpickler.persistent_load = persistent_load
@@ -352,12 +405,19 @@ def _chunk_layout(fd: int, path: Path, t: _Tensor, c: _Chunk):
         raise
     except Exception as e:  # a corrupt archive or pickle, or one that would run code
         detail = " ".join(str(e).split())[:200]
-        raise CheckpointError(f"{where} is not a weights-only torch.save archive of a tensor (corrupt or "
-                              f"truncated?): {type(e).__name__}: {detail}") from None
-    if (not isinstance(tensor, torch.Tensor) or tensor.layout != torch.strided or len(storages) != 1
-            or tensor.dtype != t.dtype or tuple(tensor.shape) != c.sizes or storages[0][1] != t.dtype):
-        found = (f"{tensor.dtype} {tuple(tensor.shape)}" if isinstance(tensor, torch.Tensor)
-                 else type(tensor).__name__)
+        raise CheckpointError(
+            f"{where} is not a weights-only torch.save archive of a tensor (corrupt or "
+            f"truncated?): {type(e).__name__}: {detail}"
+        ) from None
+    if (
+        not isinstance(tensor, torch.Tensor)
+        or tensor.layout != torch.strided
+        or len(storages) != 1
+        or tensor.dtype != t.dtype
+        or tuple(tensor.shape) != c.sizes
+        or storages[0][1] != t.dtype
+    ):
+        found = f"{tensor.dtype} {tuple(tensor.shape)}" if isinstance(tensor, torch.Tensor) else type(tensor).__name__
         raise CheckpointError(f"{where} holds {found}, not the {t.dtype} {c.sizes} the metadata says")
     key, _, numel = storages[0]
     record = records.get(f"{prefix}data/{key}")
@@ -372,6 +432,7 @@ def _chunk_layout(fd: int, path: Path, t: _Tensor, c: _Chunk):
     offset, strides = tensor.storage_offset(), tuple(tensor.stride())
     last = offset + sum((n - 1) * s for n, s in zip(c.sizes, strides))
     if data + nbytes > c.length or min(strides, default=0) < 0 or offset < 0 or last >= numel:
-        raise CheckpointError(f"{where}: its tensor lies outside its storage record, or the record outside "
-                              f"the chunk's bytes (truncated?)")
+        raise CheckpointError(
+            f"{where}: its tensor lies outside its storage record, or the record outside the chunk's bytes (truncated?)"
+        )
     return c.start + data, offset, strides, tensor.is_contiguous()

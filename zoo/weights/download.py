@@ -21,8 +21,14 @@ from zoo.weights.reach import unreachable
 CHUNK = 1 << 20
 
 
-def fetch(url: str, dest: str | os.PathLike, sha256_prefix: str | None = None, progress: bool = True,
-          retries: int = 5, timeout: float = 30.0) -> Path:
+def fetch(
+    url: str,
+    dest: str | os.PathLike,
+    sha256_prefix: str | None = None,
+    progress: bool = True,
+    retries: int = 5,
+    timeout: float = 30.0,
+) -> Path:
     """DEST, downloaded from url unless it is there already; sha256_prefix (any length, lower-case hex)
     is checked before the file takes its name: a mismatch is a CheckpointError and nothing is placed."""
     dest = Path(dest)
@@ -32,8 +38,11 @@ def fetch(url: str, dest: str | os.PathLike, sha256_prefix: str | None = None, p
     partial = dest.with_name(dest.name + ".partial")
     down = unreachable(url)  # one quick probe: a server that does not answer is not retried
     if down:
-        raise HubUnavailable(f"{url}: the server could not be reached ({down}); nothing was downloaded "
-                             f"(put the file at {dest} to use it without the network)", "transient")
+        raise HubUnavailable(
+            f"{url}: the server could not be reached ({down}); nothing was downloaded "
+            f"(put the file at {dest} to use it without the network)",
+            "transient",
+        )
     failure = None
     for attempt in range(retries + 1):
         try:
@@ -45,16 +54,19 @@ def fetch(url: str, dest: str | os.PathLike, sha256_prefix: str | None = None, p
             if isinstance(e, urllib.error.HTTPError) and e.code == 416:
                 partial.unlink(missing_ok=True)  # the partial file is longer than the file: start over
             failure = e
-            time.sleep(min(0.2 * 2 ** attempt, 5))
+            time.sleep(min(0.2 * 2**attempt, 5))
     else:
         kept = f"; the partial file {partial} is kept for the next try" if partial.exists() else ""
-        raise HubUnavailable(f"{url}: download failed after {retries + 1} tries ({type(failure).__name__}: "
-                             f"{failure}){kept}") from None
+        raise HubUnavailable(
+            f"{url}: download failed after {retries + 1} tries ({type(failure).__name__}: {failure}){kept}"
+        ) from None
     actual = _sha256(partial)
     if sha256_prefix and not actual.startswith(sha256_prefix):
         partial.unlink(missing_ok=True)
-        raise CheckpointError(f"{url}: downloaded file's sha256 {actual} does not start with the expected "
-                              f"{sha256_prefix}; nothing was placed in the cache")
+        raise CheckpointError(
+            f"{url}: downloaded file's sha256 {actual} does not start with the expected "
+            f"{sha256_prefix}; nothing was placed in the cache"
+        )
     os.replace(partial, dest)  # atomic on one file system: the name appears only for a complete, checked file
     if sha256_prefix:
         from zoo.weights import verified
@@ -65,7 +77,9 @@ def fetch(url: str, dest: str | os.PathLike, sha256_prefix: str | None = None, p
 
 def _transfer(url: str, partial: Path, progress: bool, timeout: float) -> None:
     have = partial.stat().st_size if partial.exists() else 0
-    request = urllib.request.Request(url, headers={"User-Agent": "zoo", **({"Range": f"bytes={have}-"} if have else {})})
+    request = urllib.request.Request(
+        url, headers={"User-Agent": "zoo", **({"Range": f"bytes={have}-"} if have else {})}
+    )
     with urllib.request.urlopen(request, timeout=timeout) as response:
         if have and response.status != 206:  # the server ignored the range: its answer is the whole file
             have = 0
@@ -88,8 +102,16 @@ def _transfer(url: str, partial: Path, progress: bool, timeout: float) -> None:
 def _bar(total, initial, name, enabled):
     from tqdm.auto import tqdm
 
-    return tqdm(total=total, initial=initial, unit="B", unit_scale=True, unit_divisor=1024, desc=name,
-                disable=not enabled, file=sys.stderr)
+    return tqdm(
+        total=total,
+        initial=initial,
+        unit="B",
+        unit_scale=True,
+        unit_divisor=1024,
+        desc=name,
+        disable=not enabled,
+        file=sys.stderr,
+    )
 
 
 def _sha256(path: Path) -> str:

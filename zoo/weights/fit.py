@@ -52,9 +52,14 @@ class Fit:
         return not (self.missing or self.unexpected or self.misshaped or self.dtype_mismatched)
 
     def as_dict(self) -> dict:
-        return {"exact": self.exact, "matched": len(self.matched), "missing": self.missing,
-                "unexpected": self.unexpected, "misshaped": [list(m) for m in self.misshaped],
-                "dtype_mismatched": [list(m) for m in self.dtype_mismatched]}
+        return {
+            "exact": self.exact,
+            "matched": len(self.matched),
+            "missing": self.missing,
+            "unexpected": self.unexpected,
+            "misshaped": [list(m) for m in self.misshaped],
+            "dtype_mismatched": [list(m) for m in self.dtype_mismatched],
+        }
 
 
 def fit(targets: list[Target], specs: dict, key_map=None, ignore=frozenset(), ties=()) -> Fit:
@@ -109,8 +114,10 @@ def _fill_untied(targets: list[Target], specs: dict, ties, key_of: dict, result:
     for i, target in enumerate(targets):
         if i in loaded or not target.persistent:
             continue
-        key = next((key_of[other] for group in ties if set(group) & set(target.names)
-                    for other in group if other in key_of), None)
+        key = next(
+            (key_of[other] for group in ties if set(group) & set(target.names) for other in group if other in key_of),
+            None,
+        )
         if key is None or tuple(specs[key].shape) != tuple(target.shape):
             continue
         result.untied[i] = key
@@ -135,7 +142,7 @@ def _key_mapping(keys: list[str], key_map, by_name) -> dict[str, str | None]:
     score = sum(k in by_name for k in keys)
     for prefix in WRAPPER_PREFIXES:
         if keys and all(k.startswith(prefix) for k in keys):
-            stripped = {k: k[len(prefix):] for k in keys}
+            stripped = {k: k[len(prefix) :] for k in keys}
             matches = sum(v in by_name for v in stripped.values())
             if matches > score:
                 best, score = stripped, matches

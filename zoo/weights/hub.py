@@ -4,8 +4,9 @@ Files are downloaded when online and read from the cache only when HF_HUB_OFFLIN
 file is checked against the hash the hub gave for it: huggingface_hub names each cached blob after
 the file's ETag, which for an LFS file (the weights) is its sha256 and for a small git file (the
 shard index) its git blob sha1, so the check works offline too; a snapshot link that leads anywhere but its
-repository's blobs is refused. huggingface_hub itself checks only sizes. A cache without symlinks keeps no blob names; there, online, the hashes come from the hub's
-paths-info API, and offline nothing can be checked: such files load unchecked, and a warning says so once.
+repository's blobs is refused. huggingface_hub itself checks only sizes. A cache without symlinks keeps no blob names;
+there, online, the hashes come from the hub's paths-info API, and offline nothing can be checked: such files load
+unchecked, and a warning says so once.
 """
 
 import hashlib
@@ -63,13 +64,19 @@ def download(repo_id: str, filename: str, revision: str | None = None, missing_o
         unreachable = isinstance(e, LocalEntryNotFoundError) and not offline()
         if missing_ok and not unreachable:
             return None
-        hint = (" in the local cache (HF_HUB_OFFLINE is set)" if offline() else
-                " in the local cache, and the hub could not be reached" if unreachable else "")
+        hint = (
+            " in the local cache (HF_HUB_OFFLINE is set)"
+            if offline()
+            else " in the local cache, and the hub could not be reached"
+            if unreachable
+            else ""
+        )
         raise HubUnavailable(f"{where}: no {filename}{hint}") from None
     except Exception as e:  # repository not found, gated, offline without a cache, network down
         hint = "; HF_HUB_OFFLINE is set: only the local cache is read" if offline() else ""
-        raise HubUnavailable(f"{where}: cannot get {filename}: {type(e).__name__}: "
-                             f"{str(e).splitlines()[0] if str(e) else ''}{hint}") from None
+        raise HubUnavailable(
+            f"{where}: cannot get {filename}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}{hint}"
+        ) from None
 
 
 def resolve_hub_weights(uri: str) -> str:
@@ -112,10 +119,12 @@ def _check_hashes(uri: str, repo: str, files: list[str]) -> None:
     unchecked = [Path(f) for f, *_, expected in todo if expected is None]
     if unchecked:  # loading them is what such a cache is for, but not without a word: once per snapshot
         why = "HF_HUB_OFFLINE is set" if offline() else "the hub gave no hashes for them"
-        warn_once(("hub unchecked", str(unchecked[0].parent)),
-                  f"zoo: {uri}: {', '.join(p.name for p in unchecked)} could not be hash-checked: the hub cache at "
-                  f"{unchecked[0].parent} holds copies, not links to blobs named by their hash (a file system "
-                  f"without symlinks), and {why}; loaded unchecked")
+        warn_once(
+            ("hub unchecked", str(unchecked[0].parent)),
+            f"zoo: {uri}: {', '.join(p.name for p in unchecked)} could not be hash-checked: the hub cache at "
+            f"{unchecked[0].parent} holds copies, not links to blobs named by their hash (a file system "
+            f"without symlinks), and {why}; loaded unchecked",
+        )
 
     def check(job):
         file, blob, key, expected = job
@@ -124,8 +133,10 @@ def _check_hashes(uri: str, repo: str, files: list[str]) -> None:
         actual = file_sha256(blob) if len(expected) == 64 else _git_sha1(blob)
         if actual != expected:
             kind = "sha256" if len(expected) == 64 else "git blob sha1"
-            raise CheckpointError(f"{uri}: {Path(file).name}: {kind} {actual} differs from the hub's {expected}; "
-                                  f"the cached file is corrupt (delete {blob} to download it again)")
+            raise CheckpointError(
+                f"{uri}: {Path(file).name}: {kind} {actual} differs from the hub's {expected}; "
+                f"the cached file is corrupt (delete {blob} to download it again)"
+            )
         verified.remember(blob, expected)
 
     with ThreadPoolExecutor(min(8, len(todo) or 1)) as pool:  # hashlib releases the GIL on large reads
@@ -141,13 +152,16 @@ def _blob_of(uri: str, file: str) -> tuple[Path, str | None]:
     blob = Path(os.path.realpath(path))
     repo = next((p.parent for p in path.parents if p.name == "snapshots"), None)
     if repo is not None:
-        if blob.parent == Path(os.path.realpath(repo / "blobs")) and (_SHA256.fullmatch(blob.name)
-                                                                     or _GIT_SHA1.fullmatch(blob.name)):
+        if blob.parent == Path(os.path.realpath(repo / "blobs")) and (
+            _SHA256.fullmatch(blob.name) or _GIT_SHA1.fullmatch(blob.name)
+        ):
             return blob, blob.name
         if not path.is_symlink() and blob.is_relative_to(os.path.realpath(repo / "snapshots")):
             return blob, None
-    raise CheckpointError(f"{uri}: {path.name} in the hub cache resolves to {blob}, outside its repository's "
-                          f"blobs; refused unchecked (delete {path} to download it again)")
+    raise CheckpointError(
+        f"{uri}: {path.name} in the hub cache resolves to {blob}, outside its repository's "
+        f"blobs; refused unchecked (delete {path} to download it again)"
+    )
 
 
 def _hashes_from_api(repo: str, files: list[str]) -> dict[str, str]:

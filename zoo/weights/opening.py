@@ -2,12 +2,20 @@
 directory), an in-memory state dict, or a Source itself. Its own module so that the readers (zoo.weights.sources)
 and the DCP reader (zoo.weights.dcp, built on them) import each other in one direction only."""
 
-
 from zoo.errors import CheckpointError
 from zoo.weights.dcp import DcpSource
 from zoo.weights.sources import (
-    PICKLE_SUFFIXES, SafetensorsSource, Source, Spec, TensorDictSource, _specs, load_pickle, regular_file,
-    safetensors_files, unwrap_state_dict, weights_file,
+    PICKLE_SUFFIXES,
+    SafetensorsSource,
+    Source,
+    Spec,
+    TensorDictSource,
+    _specs,
+    load_pickle,
+    regular_file,
+    safetensors_files,
+    unwrap_state_dict,
+    weights_file,
 )
 
 
@@ -27,8 +35,10 @@ def open_source(weights) -> Source:
         return SafetensorsSource(safetensors_files(path))
     if path.suffix in PICKLE_SUFFIXES:
         return TensorDictSource(load_pickle(path))
-    raise CheckpointError(f"{path}: unknown weights format (want .safetensors, a shard index or directory, "
-                          f"or {', '.join(sorted(PICKLE_SUFFIXES))})")
+    raise CheckpointError(
+        f"{path}: unknown weights format (want .safetensors, a shard index or directory, "
+        f"or {', '.join(sorted(PICKLE_SUFFIXES))})"
+    )
 
 
 def specs_of(weights) -> dict[str, Spec]:

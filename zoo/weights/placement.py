@@ -30,15 +30,19 @@ def local_box(t) -> Box | None:
         if isinstance(placement, Replicate):
             continue
         if not isinstance(placement, (Shard, _StridedShard)):
-            raise MaterializeError(f"cannot materialize a DTensor placed as {placement}: a partial value has no "
-                                   f"one file value; materialize before making it partial")
+            raise MaterializeError(
+                f"cannot materialize a DTensor placed as {placement}: a partial value has no "
+                f"one file value; materialize before making it partial"
+            )
         start, stop = box[placement.dim]
         size, offset = Shard.local_shard_size_and_offset(stop - start, mesh.size(mesh_dim), coordinate[mesh_dim])
         box[placement.dim] = (start + offset, start + offset + size)
     shape = tuple(e - s for s, e in box)
     if tuple(t.to_local().shape) != shape:
-        raise MaterializeError(f"a DTensor whose local shard {tuple(t.to_local().shape)} is not the one its "
-                               f"placements {tuple(placements)} give {tuple(t.shape)} ({shape})")
+        raise MaterializeError(
+            f"a DTensor whose local shard {tuple(t.to_local().shape)} is not the one its "
+            f"placements {tuple(placements)} give {tuple(t.shape)} ({shape})"
+        )
     return tuple(box)
 
 

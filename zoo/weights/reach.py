@@ -46,8 +46,10 @@ def hub_unreachable() -> str | None:
     if constants.is_offline_mode():
         return None
     why = unreachable(constants.ENDPOINT.rstrip("/") + "/api/whoami-v2")  # 401 without a token: an answer
-    return why and (f"the hub at {constants.ENDPOINT} could not be reached ({why}); "
-                    f"HF_HUB_OFFLINE=1 reads the local cache only, without trying the network")
+    return why and (
+        f"the hub at {constants.ENDPOINT} could not be reached ({why}); "
+        f"HF_HUB_OFFLINE=1 reads the local cache only, without trying the network"
+    )
 
 
 def _probe(url: str) -> str | None:

@@ -12,10 +12,21 @@ from zoo.weights.paths import open_regular
 
 # safetensors dtype codes -> (torch dtype name, bytes per element)
 DTYPES = {
-    "F64": ("float64", 8), "F32": ("float32", 4), "F16": ("float16", 2), "BF16": ("bfloat16", 2),
-    "I64": ("int64", 8), "I32": ("int32", 4), "I16": ("int16", 2), "I8": ("int8", 1), "U8": ("uint8", 1),
-    "U16": ("uint16", 2), "U32": ("uint32", 4), "U64": ("uint64", 8), "BOOL": ("bool", 1),
-    "F8_E4M3": ("float8_e4m3fn", 1), "F8_E5M2": ("float8_e5m2", 1),
+    "F64": ("float64", 8),
+    "F32": ("float32", 4),
+    "F16": ("float16", 2),
+    "BF16": ("bfloat16", 2),
+    "I64": ("int64", 8),
+    "I32": ("int32", 4),
+    "I16": ("int16", 2),
+    "I8": ("int8", 1),
+    "U8": ("uint8", 1),
+    "U16": ("uint16", 2),
+    "U32": ("uint32", 4),
+    "U64": ("uint64", 8),
+    "BOOL": ("bool", 1),
+    "F8_E4M3": ("float8_e4m3fn", 1),
+    "F8_E5M2": ("float8_e5m2", 1),
 }
 MAX_HEADER = 100 * 1024 * 1024  # the format's own limit
 
@@ -76,8 +87,13 @@ def _entry(path, name, spec, data_start, data_len) -> Entry:
     except (KeyError, TypeError):
         raise CheckpointError(f"{path}: tensor {name!r} has a malformed header entry: {str(spec)[:200]}") from None
     # lists of plain ints, as the format says: not a JSON object or string that tuple() would accept, not bools
-    if not (isinstance(shape, list) and isinstance(offsets, list) and len(offsets) == 2
-            and all(type(d) is int and 0 <= d < 1 << 63 for d in shape) and all(type(o) is int for o in offsets)):
+    if not (
+        isinstance(shape, list)
+        and isinstance(offsets, list)
+        and len(offsets) == 2
+        and all(type(d) is int and 0 <= d < 1 << 63 for d in shape)
+        and all(type(o) is int for o in offsets)
+    ):
         raise CheckpointError(f"{path}: tensor {name!r}: shape and offsets must be lists of non-negative integers")
     shape, (begin, end) = tuple(shape), offsets
     if not 0 <= begin <= end <= data_len:

@@ -56,5 +56,6 @@ def like(old: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
         return new
     from torch.distributed.tensor import DTensor
 
-    return DTensor.from_local(new, old.device_mesh, old.placements, run_check=False, shape=old.shape,
-                              stride=old.stride())
+    return DTensor.from_local(
+        new, old.device_mesh, old.placements, run_check=False, shape=old.shape, stride=old.stride()
+    )

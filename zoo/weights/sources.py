@@ -19,8 +19,8 @@ from pathlib import Path
 from zoo.errors import CheckpointError, InvalidArgument
 from zoo.inspection import dtype_name
 from zoo.weights import safetensors_format as st
-from zoo.weights.placement import Box, box_slices, leading_rows
 from zoo.weights.paths import open_regular, regular_file
+from zoo.weights.placement import Box, box_slices, leading_rows
 
 PICKLE_SUFFIXES = {".pt", ".pth", ".bin", ".ckpt"}
 _CAST_CHUNK = 16 << 20  # bytes of the file converted at a time: a cast load's transient memory per thread
@@ -82,8 +82,9 @@ class SafetensorsSource(Source):
     def check_unchanged(self) -> None:
         for path, fd, state in zip(self.paths, self.fds, self.states):
             if file_state(fd) != state:
-                raise CheckpointError(f"{path}: the weights file was written while it was being loaded; load it "
-                                      f"again once it is complete")
+                raise CheckpointError(
+                    f"{path}: the weights file was written while it was being loaded; load it again once it is complete"
+                )
 
     def byte_range(self, name: str, rows: tuple[int, int] | None = None) -> tuple[int, int, int]:
         """(fd, start, length) of a tensor or of rows of it in its file."""
@@ -139,9 +140,9 @@ class SafetensorsSource(Source):
             offset = start + i * itemsize
             if mapped is None:
                 read_exact(fd, offset, n * itemsize, staging[:n])
-                flat[i:i + n].copy_(staging[:n])
+                flat[i : i + n].copy_(staging[:n])
                 continue
-            flat[i:i + n].copy_(torch.frombuffer(mapped, dtype=file_dtype, count=n, offset=offset))
+            flat[i : i + n].copy_(torch.frombuffer(mapped, dtype=file_dtype, count=n, offset=offset))
             first_page = offset // mmap.PAGESIZE * mmap.PAGESIZE
             mapped.madvise(mmap.MADV_DONTNEED, first_page, offset + n * itemsize - first_page)
 
@@ -155,13 +156,17 @@ class SafetensorsSource(Source):
             inner -= 1
         # the run: dim inner-1's span of the box, times every dim after it
         run_dims = inner - 1
-        run_elems = (box[run_dims][1] - box[run_dims][0]) * math.prod(shape[run_dims + 1:])
-        strides = [math.prod(shape[d + 1:]) for d in range(len(shape))]
+        run_elems = (box[run_dims][1] - box[run_dims][0]) * math.prod(shape[run_dims + 1 :])
+        strides = [math.prod(shape[d + 1 :]) for d in range(len(shape))]
         flat = dest.view(-1)
         for n, outer in enumerate(itertools.product(*(range(s, t) for s, t in box[:run_dims]))):
             first = sum(i * strides[d] for d, i in enumerate(outer)) + box[run_dims][0] * strides[run_dims]
-            read_exact(self.fds[fd_index], e.start + first * itemsize, run_elems * itemsize,
-                       flat[n * run_elems:(n + 1) * run_elems])
+            read_exact(
+                self.fds[fd_index],
+                e.start + first * itemsize,
+                run_elems * itemsize,
+                flat[n * run_elems : (n + 1) * run_elems],
+            )
 
     def close(self) -> None:
         for mapped in self._maps.values():
@@ -188,7 +193,7 @@ def read_exact(fd: int, start: int, length: int, dest) -> None:
     chunk = 256 << 20  # bounded single reads: Linux caps one read near 2 GiB
     while done < length:
         try:
-            n = os.preadv(fd, [view[done:min(length, done + chunk)]], start + done)
+            n = os.preadv(fd, [view[done : min(length, done + chunk)]], start + done)
         except OSError as e:  # EIO from a failing disk or network file system
             raise CheckpointError(f"reading the weights file failed: {e.strerror}") from None
         if n == 0:
@@ -214,8 +219,9 @@ class TensorDictSource(Source):
         # refused here, before anything is allocated, not halfway through the copies
         empty = [k for k, v in tensors.items() if v.is_meta or v.layout != torch.strided or v.is_quantized]
         if empty:
-            raise CheckpointError(f"state dict entries with no plain values to load (on meta, sparse or "
-                                  f"quantized): {empty[:5]}")
+            raise CheckpointError(
+                f"state dict entries with no plain values to load (on meta, sparse or quantized): {empty[:5]}"
+            )
         self.tensors = tensors
         self.specs = _specs(tensors)
 
@@ -241,8 +247,9 @@ def load_pickle(path: Path, on_meta: bool = False) -> dict:
     try:
         if is_zip:
             _check_zip_records(path)
-        obj = torch.load(path, map_location="meta" if on_meta else "cpu", weights_only=True,
-                         mmap=is_zip and not on_meta)
+        obj = torch.load(
+            path, map_location="meta" if on_meta else "cpu", weights_only=True, mmap=is_zip and not on_meta
+        )
     except CheckpointError:
         raise
     except Exception as e:  # whatever a corrupt file makes torch or its unpickler raise
@@ -254,9 +261,11 @@ def _pickle_failure(path, e: Exception) -> str:
     message = " ".join(str(e).split())
     code = re.search(r"GLOBAL ([\w.]+)", message)  # torch's weights-only unpickler names what it refused
     if code:
-        return (f"{path}: its pickle would run code ({code.group(1)}); zoo loads pickles weights-only and never "
-                f"runs their code: save the state dict of tensors alone (torch.save(model.state_dict())) or as "
-                f".safetensors")
+        return (
+            f"{path}: its pickle would run code ({code.group(1)}); zoo loads pickles weights-only and never "
+            f"runs their code: save the state dict of tensors alone (torch.save(model.state_dict())) or as "
+            f".safetensors"
+        )
     detail = message[:300] or ("the file ends early" if isinstance(e, EOFError) else "no detail")
     return f"{path}: not a loadable weights-only torch checkpoint (corrupt or truncated?): {type(e).__name__}: {detail}"
 
@@ -281,12 +290,19 @@ def _check_zip_records(path: Path) -> None:
         nbytes = numel * dtype.itemsize
         record = records.get(f"{prefix}data/{key}")
         if record is None or record.compress_type != zipfile.ZIP_STORED or record.file_size != nbytes:
-            found = "missing" if record is None else f"{record.file_size} bytes" + (
-                ", compressed" if record.compress_type != zipfile.ZIP_STORED else "")
-            raise CheckpointError(f"{path}: storage {key!r} needs {nbytes} bytes but its record data/{key} is "
-                                  f"{found}; the file is corrupt or truncated: save it again")
-        return torch.storage.TypedStorage(wrap_storage=torch.UntypedStorage(nbytes, device="meta"), dtype=dtype,
-                                          _internal=True)
+            found = (
+                "missing"
+                if record is None
+                else f"{record.file_size} bytes"
+                + (", compressed" if record.compress_type != zipfile.ZIP_STORED else "")
+            )
+            raise CheckpointError(
+                f"{path}: storage {key!r} needs {nbytes} bytes but its record data/{key} is "
+                f"{found}; the file is corrupt or truncated: save it again"
+            )
+        return torch.storage.TypedStorage(
+            wrap_storage=torch.UntypedStorage(nbytes, device="meta"), dtype=dtype, _internal=True
+        )
 
     unpickler = Unpickler(io.BytesIO(pickled), encoding="utf-8")
     unpickler.persistent_load = persistent_load
@@ -324,8 +340,6 @@ def unwrap_state_dict(obj, where="checkpoint") -> dict:
     raise CheckpointError(f"{where}: holds no state dict of tensors")
 
 
-
-
 def safetensors_files(path: Path) -> list[Path]:
     """The files of a safetensors checkpoint: one file, an index JSON's shards, or a directory's."""
     if path.is_dir():
@@ -350,8 +364,9 @@ def shard_names(index: Path) -> list[str]:
         document = st.parse_json(f.read(), index, "shard index")
     weight_map = document.get("weight_map") if isinstance(document, dict) else None
     if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
-        raise CheckpointError(f"{index}: not a safetensors index: want {{\"weight_map\": {{tensor name: "
-                              f"shard file name, ...}}}}")
+        raise CheckpointError(
+            f'{index}: not a safetensors index: want {{"weight_map": {{tensor name: shard file name, ...}}}}'
+        )
     shards = sorted(set(weight_map.values()))
     for shard in shards:
         if shard in ("", ".", "..") or Path(shard).name != shard:  # an index must not point outside its directory
@@ -362,6 +377,8 @@ def shard_names(index: Path) -> list[str]:
 def weights_file(weights) -> Path:
     """The path `weights` names: a str or os.PathLike; anything else (a number, bytes, a list) is refused."""
     if not isinstance(weights, (str, os.PathLike)):
-        raise InvalidArgument(f"weights is a path, a weights tag, 'pretrained', 'hf://ORG/NAME' or a state dict, not "
-                              f"{type(weights).__name__} {weights!r:.80}")
+        raise InvalidArgument(
+            f"weights is a path, a weights tag, 'pretrained', 'hf://ORG/NAME' or a state dict, not "
+            f"{type(weights).__name__} {weights!r:.80}"
+        )
     return Path(weights)

@@ -80,8 +80,14 @@ def plan_chunks(ranges: list[tuple[int, int, int]], buffer_bytes: int) -> list[C
     return [c for c in chunks if c.size]
 
 
-def stream_into(jobs, source: SafetensorsSource, device, buffer_bytes: int | None = None,
-                ring: int | None = None, readers: int | None = None) -> None:
+def stream_into(
+    jobs,
+    source: SafetensorsSource,
+    device,
+    buffer_bytes: int | None = None,
+    ring: int | None = None,
+    readers: int | None = None,
+) -> None:
     """Fill each job's destination from the file; returns when every copy is done.
 
     jobs: (checkpoint key, destination tensor on `device`, rows of dim 0 or None). A destination
@@ -111,7 +117,7 @@ def stream_into(jobs, source: SafetensorsSource, device, buffer_bytes: int | Non
             copied.synchronize()  # the copies out of this buffer, enqueued for chunk i - ring, are done
         buf = buffers[i % ring]
         for r in chunks[i].reads:
-            read_exact(r.fd, r.start, r.length, buf[r.offset:r.offset + r.length])
+            read_exact(r.fd, r.start, r.length, buf[r.offset : r.offset + r.length])
 
     pending = {}
     try:
@@ -154,7 +160,9 @@ class _Sink:
         self.dests = [dest for _, dest, _ in jobs]
         self.file_dtypes = [getattr(torch, source.specs[key].dtype) for key, _, _ in jobs]
         self.lengths = [length for _, _, length in ranges]
-        self.targets = [dest.view(-1).view(torch.uint8) if self._direct(j) else None for j, dest in enumerate(self.dests)]
+        self.targets = [
+            dest.view(-1).view(torch.uint8) if self._direct(j) else None for j, dest in enumerate(self.dests)
+        ]
 
     def release(self) -> None:
         self.dests, self.targets = [], []
@@ -173,9 +181,10 @@ class _Sink:
             for p in chunk.pieces:
                 target = self.targets[p.job]
                 if target is None:
-                    target = self.targets[p.job] = torch.empty(self.lengths[p.job], dtype=torch.uint8,
-                                                               device=self.device)
-                target[p.at:p.at + p.length].copy_(buf[p.offset:p.offset + p.length], non_blocking=cuda)
+                    target = self.targets[p.job] = torch.empty(
+                        self.lengths[p.job], dtype=torch.uint8, device=self.device
+                    )
+                target[p.at : p.at + p.length].copy_(buf[p.offset : p.offset + p.length], non_blocking=cuda)
                 if p.at + p.length == self.lengths[p.job] and not self._direct(p.job):
                     dest = self.dests[p.job]
                     dest.copy_(target.view(self.file_dtypes[p.job]).view(dest.shape))  # the cast, on the device

@@ -12,8 +12,11 @@ def check_tiling(fqn: str, shape, chunks: list, path) -> None:
     """The chunks (each with .offsets and .sizes) lie inside the shape, do not overlap and add up to it: every
     element is in exactly one; else CheckpointError naming the tensor `fqn` of the checkpoint at `path`."""
     for c in chunks:
-        if len(c.offsets) != len(shape) or len(c.sizes) != len(shape) or any(
-                o + s > n for o, s, n in zip(c.offsets, c.sizes, shape)):
+        if (
+            len(c.offsets) != len(shape)
+            or len(c.sizes) != len(shape)
+            or any(o + s > n for o, s, n in zip(c.offsets, c.sizes, shape))
+        ):
             raise CheckpointError(f"{path}: a chunk of {fqn} at {c.offsets} of {c.sizes} is outside its shape {shape}")
     if sum(math.prod(c.sizes) for c in chunks) != math.prod(shape):
         raise CheckpointError(f"{path}: the chunks of {fqn} do not add up to its shape {shape}")
@@ -27,13 +30,17 @@ def check_tiling(fqn: str, shape, chunks: list, path) -> None:
     chunks = [c for c in chunks if math.prod(c.sizes)]
     split = [d for d, n in enumerate(shape) if any(c.sizes[d] != n for c in chunks)]
     if len(split) > MAX_SPLIT_DIMS:
-        raise CheckpointError(f"{path}: the chunks of {fqn} split {len(split)} of its dims; zoo reads chunks split "
-                              f"along at most {MAX_SPLIT_DIMS} (a device mesh of that many dims)")
+        raise CheckpointError(
+            f"{path}: the chunks of {fqn} split {len(split)} of its dims; zoo reads chunks split "
+            f"along at most {MAX_SPLIT_DIMS} (a device mesh of that many dims)"
+        )
     corners: dict[tuple, int] = {}
     for offsets, sizes, sign in [*((c.offsets, c.sizes, 1) for c in chunks), ((0,) * len(shape), shape, -1)]:
         for high in itertools.product((False, True), repeat=len(split)):
             corner = tuple(offsets[d] + sizes[d] if h else offsets[d] for d, h in zip(split, high))
             corners[corner] = corners.get(corner, 0) + (-sign if sum(high) % 2 else sign)
     if any(corners.values()):
-        raise CheckpointError(f"{path}: chunks of {fqn} overlap: their sizes add up to its shape {shape}, but some "
-                              f"elements are in two chunks and others in none")
+        raise CheckpointError(
+            f"{path}: chunks of {fqn} overlap: their sizes add up to its shape {shape}, but some "
+            f"elements are in two chunks and others in none"
+        )
