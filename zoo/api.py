@@ -3,8 +3,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, overload
 
 from zoo.columns import BY_NAME, check_name, name_part
 from zoo.constants import refuse_unnamed_write, registry_named, registry_url
@@ -67,12 +68,20 @@ class Zoo:
         """The recorded metadata of a model, without importing torch; tensors=True adds its tensor table."""
         return self._row(name, tensors)[0]
 
+    @overload
+    def search(
+        self, expression=..., order_by: str | None = ..., limit: int | None = ..., fields: None = ...
+    ) -> list[ModelInfo]: ...
+    @overload
+    def search(
+        self, expression=..., order_by: str | None = ..., limit: int | None = ..., fields: Iterable[str] = ...
+    ) -> list[dict]: ...
     def search(
         self,
         expression=None,
         order_by: str | None = None,
         limit: int | None = None,
-        fields: tuple[str, ...] | None = None,
+        fields: Iterable[str] | None = None,
     ) -> list[ModelInfo] | list[dict]:
         """Every model matching a search string or F-expression (or the first `limit`), by name or by
         order_by: a field, "-field" for descending ("-params"). fields=("name", "params", ...): a dict of
@@ -86,6 +95,7 @@ class Zoo:
         computed = [f for f in fields or () if not (f in BY_NAME and BY_NAME[f].public)]
         if not computed:
             return self._search(expression, order_by, limit, fields)
+        assert fields is not None  # computed is a part of fields
         # measured and predicted fields are not columns: read the columns they come from, then compute them
         from zoo.throughput.measured import MEASURED
         from zoo.throughput.roofline import INPUTS, PREDICTED, predicted

@@ -1,6 +1,7 @@
 """Every exception zoo raises, each subclassing the matching built-in, and how a cause is told in one line."""
 
 import traceback
+from collections.abc import Iterable
 
 
 class ZooError(Exception):
@@ -10,7 +11,7 @@ class ZooError(Exception):
 class ModelNotFound(ZooError, KeyError):
     """No registered model has this name; the message lists the closest names."""
 
-    def __init__(self, name: str, suggestions: list[str] = ()):
+    def __init__(self, name: str, suggestions: Iterable[str] = ()):
         self.name = name
         self.suggestions = list(suggestions)
         hint = f"; did you mean {', '.join(self.suggestions)}?" if self.suggestions else ""

@@ -88,7 +88,7 @@ def inspect_module(module) -> Summary:
             else:
                 totals["buffers"] += tensor.numel()
                 totals["buffer_bytes"] += nbytes
-    dtype = max(bytes_by_dtype, key=bytes_by_dtype.get) if bytes_by_dtype else None
+    dtype = max(bytes_by_dtype, key=bytes_by_dtype.__getitem__) if bytes_by_dtype else None
     return Summary(tensors=len(first_name), dtype=dtype, tensor_table=table, **totals)
 
 

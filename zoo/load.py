@@ -64,7 +64,7 @@ def resolve_weights(weights, state: ZooState) -> WeightsRef:
     return weights_file(state.url, state.name, weights)
 
 
-def weights_file(url: str, name: str, weights) -> WeightsRef:
+def weights_file(url: str | None, name: str | None, weights) -> WeightsRef:
     """One file (or state dict) for `weights`: hf://ORG/NAME through the hub cache; a tag recorded for the
     model ("default", "v1.0") becomes its file, sha256 checked; any other string is a path (one with a '/'
     is never a tag, so it loads without the registry); anything but a string is itself."""
@@ -83,7 +83,7 @@ def weights_file(url: str, name: str, weights) -> WeightsRef:
         return WeightsRef("path", weights)
     from zoo.weights.digest import verify
 
-    recorded = row_of(url, name)[0].weights
+    recorded = _recorded(url, name)
     entry = next((w for w in recorded if w["tag"] == weights), None)  # a tag first: "v1.0" is a tag, then a file
     if entry is None:
         if "." in weights or _exists(weights):  # a file, or a directory (save_pretrained's, DCP's, shards)
@@ -104,9 +104,11 @@ def open_tag(ref: WeightsRef):
     from zoo.weights.opening import open_source
     from zoo.weights.sources import file_state
 
-    source = open_source(ref.source)
+    file, sha256 = ref.source, ref.sha256
+    assert isinstance(file, (str, Path)) and sha256 is not None, "a tag's ref holds its file's path and sha256"
+    source = open_source(file)
     try:
-        verify(ref.source, ref.sha256)
+        verify(file, sha256)
         for path, state in zip(getattr(source, "paths", ()), getattr(source, "states", ())):
             if file_state(path) != state:
                 raise CheckpointError(f"{path}: replaced while it was being opened; load it again")
@@ -116,16 +118,24 @@ def open_tag(ref: WeightsRef):
     return source
 
 
-def constructor_files(url: str, name: str) -> list[str]:
+def constructor_files(url: str | None, name: str | None) -> list[str]:
     """The weights files a model's constructor reads itself (recorded at index time as tags
     "constructor", "constructor-2", ...), each checked against its recorded sha256."""
     from zoo.indexing.indexer import is_constructor_tag
     from zoo.weights.digest import verify
 
-    files = [w for w in row_of(url, name)[0].weights if is_constructor_tag(w["tag"])]
+    files = [w for w in _recorded(url, name) if is_constructor_tag(w["tag"])]
     for w in files:
         verify(w["path"], w["sha256"])
     return [w["path"] for w in files]
+
+
+def _recorded(url: str | None, name: str | None) -> list[dict]:
+    """The weights files recorded for a model's registry row."""
+    assert url is not None and name is not None, "a model with recorded weights has a registry row"
+    weights = row_of(url, name)[0].weights
+    assert weights is not None  # row_of reads a row with its recorded weights
+    return weights
 
 
 def _exists(path: str) -> bool:

@@ -18,7 +18,7 @@ from zoo.meta import value_of
 from zoo.plain_tensors import plain_tensor_values
 from zoo.state import state_of
 from zoo.weights.alloc import allocate, map_private, parallel, populate
-from zoo.weights.fit import Fit, Target, fit
+from zoo.weights.fit import Fit, Part, Target, fit
 from zoo.weights.opening import open_source
 from zoo.weights.placement import leading_rows
 from zoo.weights.slots import Slot, like, slots_of
@@ -143,6 +143,7 @@ def load_into(
                 )
         _fill_non_persistent(slots, device, recipe)
         for slot in slots:
+            assert slot.new is not None  # initialized, loaded or filled above
             want = _target_dtype(slot, dtype, cast_non_persistent)
             if slot.new.device != device or slot.new.dtype != want:
                 slot.new = slot.new.to(device=device, dtype=want)
@@ -243,7 +244,7 @@ def _load(
     _allocate_slots([*(s for _, s in plan), *fused], device, dtype, cast_non_persistent)
     # (key, slot, part): no local holds a new tensor (a traceback keeps its frames' locals; on an error the
     # slots must be the only holders)
-    reads = [(key, slot, None) for key, slot in plan]
+    reads: list[tuple[str, Slot, Part | None]] = [(key, slot, None) for key, slot in plan]
     reads += [(key, slot, part) for key, (slot, part) in parts.items()]
     if device.type in STREAMED and isinstance(source, SafetensorsSource):
         # contiguous byte ranges stream through the pinned ring; a box strided in the file is read on the host
@@ -296,9 +297,10 @@ def _piece(key: str, slot: Slot, part) -> list[torch.Tensor]:
             f"(dim 0): materialize it before sharding it that way"
         )
     start, stop = rows or (0, slot.local_shape[0])
-    if not start <= part.index < stop:
+    if not start <= part.row < stop:
         return []
-    return list(slot.new[part.index - start].chunk(part.pieces))[part.piece : part.piece + 1]
+    assert slot.new is not None  # allocated before any read
+    return list(slot.new[part.row - start].chunk(part.pieces))[part.piece : part.piece + 1]
 
 
 def _allocate_slots(slots, device, dtype, cast_non_persistent) -> None:
@@ -323,7 +325,8 @@ def _map_file_views(plan, source: SafetensorsSource, dtype, cast_non_persistent,
     A tensor becomes a view where it lies `alignment`-aligned in the file (the mapping starts on a page),
     or, with no alignment asked, where its dtype can be read there at all."""
     maps = {}  # (fd, use) -> a mapping: a key read twice (a tie sharding broke) is mapped twice, each copy-on-write
-    rest, uses = [], {}
+    rest: list[tuple[str, Slot]] = []
+    uses: dict[str, int] = {}
     for key, slot in plan:
         rows = _rows(key, slot.box, source)
         file_dtype = getattr(torch, source.specs[key].dtype)
@@ -439,7 +442,7 @@ def _commit(slots) -> None:
     """Swap the new tensors in. Parameters keep their identity (hooks, optimizers, FSDP hold them).
     torch can still refuse a swap (a parameter with a weakref to it): then the ones already swapped
     are swapped back, and the module is as it was."""
-    swapped = []
+    swapped: list[Slot] = []
     for slot in slots:
         if slot.is_param and slot.new is not slot.tensor:
             try:

@@ -8,6 +8,7 @@ disk, so nothing read from the registry is ever unpickled or executed.
 import copy
 import gc
 from collections import OrderedDict
+from typing import Any
 
 import torch
 from torch import nn
@@ -74,10 +75,10 @@ def _clone_module(module: nn.Module, memo: dict) -> nn.Module:
     done = memo.get(id(module))
     if done is not None:
         return done
-    cls = type(module)
+    cls: Any = type(module)  # a torch class: mypy reads type[Any].__new__ as type's own
     new = cls.__new__(cls)
     memo[id(module)] = new
-    state = {}
+    state: dict[str, Any] = {}
     for key, value in module.__dict__.items():
         if key == "_parameters" or key == "_buffers":
             state[key] = {k: (None if v is None else _clone_tensor(v, memo)) for k, v in value.items()}

@@ -2,6 +2,8 @@
 buffers and state_dict: torchvision's anchor generators keep their cell anchors so. materialize gives them
 the values their constructor computed."""
 
+from typing import Any
+
 import torch
 from torch import nn
 
@@ -44,8 +46,9 @@ def plain_tensor_values(module, device, recipe) -> list:
             for v, (prefix, _, attr, i, _) in zip(values, found)
         ]
     # (module, attribute, value): a tensor, or the rebuilt list or tuple, made now so that assigning cannot fail
-    new = {}
+    new: dict[tuple[int, str], tuple[nn.Module, str, Any]] = {}
     for (_, mod, attr, i, _), value in zip(found, values):
+        assert value is not None  # every missing value was rebuilt above
         value = value.to(device=device, copy=True)
         if i is not None:
             items = new.get((id(mod), attr), (mod, attr, list(getattr(mod, attr))))[2]

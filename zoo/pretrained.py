@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Callable
 from pathlib import Path
 
 from zoo.errors import CheckpointError, HubUnavailable, InvalidArgument
@@ -171,14 +172,14 @@ def timm_source(builder: str, kwargs: dict, module, recorded: dict | None = None
     if path.name.endswith(".safetensors"):
         pending = _in_background(check)
         try:
-            source = _CheckedWhileRead([path], pending)
+            checked = _CheckedWhileRead([path], pending)
         except BaseException:
             pending.result()  # a corrupt file: its hash says so more plainly than its header does
             raise
         try:
-            source = _filtered_file(source, args, module)
+            source = _filtered_file(checked, args, module)
         except BaseException:
-            source.close()
+            checked.close()
             raise
     elif path.suffix in PICKLE_SUFFIXES or path.name.endswith(".pth.tar"):
         check()  # a pickle is not even unpickled before its hash checks
@@ -189,7 +190,7 @@ def timm_source(builder: str, kwargs: dict, module, recorded: dict | None = None
     return _finish(source, args, module)
 
 
-def timm_file(cfg: dict, name: str) -> tuple[Path, object]:
+def timm_file(cfg: dict, name: str) -> tuple[Path, Callable[[], None]]:
     """The cached checkpoint file timm would load for this pretrained cfg (downloaded if online and
     missing), and the check of its hash to run before its values are committed (CheckpointError on a
     mismatch): the hub's sha256 for an LFS file (the cached blob's name). A URL's file (torch hub's

@@ -18,7 +18,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from decimal import Decimal, localcontext
-from typing import NamedTuple
+from typing import NamedTuple, NoReturn
 
 from zoo.columns import BY_NAME, PUBLIC
 from zoo.columns import SEARCH_FIELDS as FIELDS
@@ -118,6 +118,7 @@ def _render(e: Expr) -> str:
         return f"not ({inner})" if isinstance(e.item, (And, Or)) else f"not {inner}"
     if isinstance(e, And):
         return " and ".join(f"({_render(i)})" if isinstance(i, Or) else _render(i) for i in e.items)
+    assert isinstance(e, Or), e
     return " or ".join(_render(i) for i in e.items)
 
 
@@ -163,7 +164,7 @@ class _Field:
     """`F.params`: comparisons on it build `Compare` nodes."""
 
     __slots__ = ("name",)
-    __hash__ = None  # __eq__ builds an expression
+    __hash__ = None  # type: ignore[assignment]  # unhashable on purpose: __eq__ builds an expression
 
     def __init__(self, name: str):
         self.name = name
@@ -260,7 +261,7 @@ class _Parser:
         self.text, self.tokens, self.pos = text, _tokenize(text), 0
         self.depth = self.comparisons = 0
 
-    def fail(self, message: str, tok: _Token):
+    def fail(self, message: str, tok: _Token) -> NoReturn:
         raise SearchSyntaxError(message, self.text, tok.col)
 
     def next(self) -> _Token:
@@ -305,6 +306,7 @@ class _Parser:
         if self.depth > MAX_DEPTH:
             self.fail(f"search nested too deeply: at most {MAX_DEPTH} levels of parentheses and 'not'", tok)
         self.pos += 1
+        expr: Expr
         if is_not:
             expr = Not(self.unary())
         else:

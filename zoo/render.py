@@ -24,9 +24,9 @@ def human(n: int | None, unit: str = "") -> str:
             if n >= size:
                 return f"{n / size:.1f} {suffix}"
         return f"{n} B"
-    for suffix, size in (("T", 1e12), ("B", 1e9), ("M", 1e6), ("K", 1e3)):
-        if n >= size:
-            return f"{n / size:.2f}{suffix}"
+    for suffix, scale in (("T", 1e12), ("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        if n >= scale:
+            return f"{n / scale:.2f}{suffix}"
     return str(n)
 
 

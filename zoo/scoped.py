@@ -28,7 +28,7 @@ def guard(owner, name: str, make) -> None:
         if getattr(current, "_zoo_guard", None) is make:
             return
         wrapper = functools.wraps(current)(make(current))
-        wrapper._zoo_guard = make
+        wrapper._zoo_guard = make  # type: ignore[attr-defined]  # a marker attribute on the wrapper function
         setattr(owner, name, wrapper)
 
 

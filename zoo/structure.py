@@ -41,6 +41,7 @@ def structure_digest(module: torch.nn.Module, spec) -> str | None:
             for key in sorted(attributes):
                 value = attributes[key]
                 kind = type(value)
+                known: tuple
                 # most attributes are empty hook dicts and flags: their part, once made, is looked up
                 if kind in _EMPTY_CONTAINERS and not value:
                     known = (key, kind)

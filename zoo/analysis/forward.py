@@ -5,6 +5,8 @@ from __future__ import annotations
 import contextlib
 import inspect
 import itertools
+from collections.abc import Iterable
+from typing import Any
 
 import torch
 from torch import nn
@@ -47,7 +49,8 @@ def outputs_of(value, path: str = "") -> list:
     """[path, shape, dtype] for every tensor in a (nested) output; path "" for a lone tensor."""
     if isinstance(value, torch.Tensor):
         return [[path, list(value.shape), dtype_name(value.dtype)]]
-    out = []
+    out: list = []
+    items: Iterable[tuple[Any, Any]]
     if isinstance(value, dict):
         items = value.items()
     elif isinstance(value, (list, tuple)):

@@ -74,6 +74,7 @@ def analyze(module: nn.Module, spec: dict | None, budget_s: float | None = DEFAU
             del out
     except Exception as e:  # recorded, not raised: a model that cannot run on meta is a finding
         return Analysis(SCAN_ERROR, reason(e), inputs=inputs)
+    assert live.flops is not None  # counted: LiveBytes(flops=True)
     flops = int(live.flops.total)
     saved, error = None, None
     # A model that cannot take a training step at batch 1 (BatchNorm over a single value)

@@ -132,7 +132,8 @@ def parse_inputs(value) -> list[dict]:
         value = [value]
     if not isinstance(value, list) or not 1 <= len(value) <= _MAX_INPUTS:
         raise InvalidArgument(f"an input spec is 1 to {_MAX_INPUTS} inputs, not {value!r}")
-    out, names = [], set()
+    out: list[dict] = []
+    names: set[str] = set()
     for entry in value:
         if not isinstance(entry, dict) or set(entry) - {"name", "shape", "dtype"}:
             raise InvalidArgument(f'an input is {{"shape": [...], "dtype": ..., "name": ...}}, not {entry!r}')

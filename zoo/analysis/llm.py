@@ -105,10 +105,12 @@ def kv_bytes_per_token(config, module=None) -> int | None:
     if module is not None and not _generates(module, config):
         return None
     layers = _layers(config)
+    assert layers is not None, "a decoder's config counts its layers"
     nbytes = dtype_bytes(config, module)
     if _get(config, "kv_lora_rank") is not None:  # multi-latent attention: one latent and one rope key per token
         return layers * (int(config.kv_lora_rank) + int(_get(config, "qk_rope_head_dim") or 0)) * nbytes
     heads = _heads(config)
+    assert heads is not None, "a decoder's config counts its attention heads"
     kv_heads = _get(config, "num_key_value_heads") if not config.is_encoder_decoder else None
     kv_heads = int(kv_heads or heads)
     return layers * kv_heads * _head_dim(config, heads) * 2 * nbytes

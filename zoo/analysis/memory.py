@@ -6,7 +6,9 @@ from __future__ import annotations
 import contextlib
 import functools
 import math
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
+from typing import Any
 
 import torch
 from torch import nn
@@ -151,6 +153,7 @@ def cache_tensors(value, depth: int = 4) -> list[torch.Tensor]:
         return [value]
     if depth == 0 or value is None or isinstance(value, (str, int, float, bool)):
         return []
+    items: Iterable[Any]
     if isinstance(value, dict):
         items = value.values()
     elif isinstance(value, (list, tuple)):
@@ -191,7 +194,7 @@ def measure_step(
             if accepts(module, "logits_to_keep"):
                 kwargs.setdefault("logits_to_keep", 1)
         known = known_storages(module, args, kwargs)
-        log = []
+        log: list = []
         with device_context(module), train_mode(module, False), torch.no_grad():
             with LiveBytes(known, log=log) as live:
                 out = module(*args, **kwargs)
@@ -297,7 +300,7 @@ def checkpointed(module: nn.Module):
     The blocks' forwards are restored afterwards."""
     from torch.utils.checkpoint import checkpoint
 
-    best = []
+    best: list[nn.Module] = []
     for sub in module.modules():
         if isinstance(sub, (nn.ModuleList, nn.Sequential)) and len(sub) >= 2:
             kinds = {type(m) for m in sub}

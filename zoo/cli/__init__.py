@@ -403,7 +403,7 @@ class _DefaultsHelp(argparse.HelpFormatter):
 
 def _glue_negative_sort(argv: list[str]) -> list[str]:
     """Let `--sort -params` mean descending: argparse would take -params for an option."""
-    out = []
+    out: list[str] = []
     for arg in argv:
         if out and out[-1] == "--sort" and arg.startswith("-"):
             out[-1] = f"--sort={arg}"

@@ -47,7 +47,7 @@ def versions() -> dict:
     return {}
 
 
-def read_tensors(path: str) -> list[TensorInfo]:
+def read_tensors(path: str | Path) -> list[TensorInfo]:
     """Names, shapes and dtypes of a checkpoint's tensors, without reading their data."""
     path = Path(path)
     if path.suffix == ".safetensors":

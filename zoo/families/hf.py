@@ -103,7 +103,7 @@ _LAYER_COUNT = re.compile(r"(^|_)layers?$")  # num_hidden_layers, n_layer, num_l
 def _check_bounds(kwargs: dict) -> None:
     """InvalidRecipe naming the key where a config nests past MAX_DEPTH or counts more than MAX_LAYERS layers
     (iteratively: the check itself must not recurse as deep as the config does)."""
-    todo = [(kwargs, "", 0)]
+    todo: list[tuple[dict | list, str, int]] = [(kwargs, "", 0)]
     while todo:
         value, path, depth = todo.pop()
         if depth > MAX_DEPTH:
@@ -125,7 +125,7 @@ def _check_bounds(kwargs: dict) -> None:
 def _remote_code_keys(value) -> set[str]:
     """Remote-code keys anywhere in a config: composite models nest their sub-configs."""
     if isinstance(value, dict):
-        found = _REMOTE_CODE_KEYS & value.keys()
+        found = value.keys() & _REMOTE_CODE_KEYS
         for v in value.values():
             found |= _remote_code_keys(v)
         return found
@@ -173,7 +173,7 @@ def input_spec(module) -> dict | None:
     main = getattr(module, "main_input_name", "input_ids")
     if config is None:
         return None
-    kwargs = {}
+    kwargs: dict[str, object] = {}
     if main == "input_ids":
         kwargs["input_ids"] = _TOKENS
         if hasattr(module, "get_image_features") and getattr(config, "vision_config", None) is not None:

@@ -41,7 +41,7 @@ def _pretrained_tags() -> frozenset:
     return _TAGS
 
 
-_TAGS = None
+_TAGS: frozenset[str] | None = None
 
 
 def _forget_tags() -> None:
@@ -190,12 +190,13 @@ def variants(patterns=(), results: dict | None = None) -> list[dict]:
     import timm
     from timm.models import get_pretrained_cfg
 
+    results = results or {}
     rows = []
     for full in timm.list_pretrained(list(patterns) or ""):
         cfg = get_pretrained_cfg(full).to_dict()
         arch, tag = full.split(".", 1)
-        metrics, floats = _metrics(full, cfg, results or {})
-        if "measured" in (results or {}):  # a results folder with timm's benchmarks and metadata
+        metrics, floats = _metrics(full, cfg, results)
+        if "measured" in results:  # a results folder with timm's benchmarks and metadata
             floats.update(
                 measured(arch, cfg.get("input_size"), results["measured"]),
                 pretrain=results["measured"].get("pretrain", {}).get(full),
@@ -251,7 +252,7 @@ def _metrics(tag: str, cfg: dict, results: dict) -> tuple[dict, dict]:
     test_top5 (ImageNet-1k only) with test_input_size. A tag evaluated at several sizes: the row at its input size
     (else the first published) is `set`, the others `set@SIZE`."""
     size = (cfg.get("input_size") or [None])[-1]
-    test = cfg.get("test_input_size")
+    test = cfg.get("test_input_size") or ()
     metrics, floats = {}, {}
     for name, prefix in RESULT_SETS.items():
         found = results.get(name, {}).get(tag, [])
@@ -289,7 +290,7 @@ def read_measured(folder) -> dict:
     import csv
     from pathlib import Path
 
-    out = {}
+    out: dict[str, dict] = {}
     for column, file in BENCHMARKS.items():
         path, mode = Path(folder) / file, column.split("_", 1)[0]
         if path.is_file():

@@ -113,7 +113,8 @@ def _as_record(caught: dict) -> dict | None:
     no such function of timm's or a value is no JSON."""
     fn, keywords = caught["filter_fn"], {}
     if isinstance(fn, functools.partial) and not fn.args:
-        fn, keywords = fn.func, dict(fn.keywords)
+        keywords = dict(fn.keywords)
+        fn = fn.func
     name = None if fn is None else f"{getattr(fn, '__module__', '')}:{getattr(fn, '__qualname__', '')}"
     if name is not None and _function(name) is not fn:
         return None

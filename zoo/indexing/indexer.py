@@ -139,6 +139,7 @@ def index_family(
     """
     jobs = workers_for(jobs)
     fam = family(family_name)
+    groups: list[list[tuple[str, Recipe, dict | None]]]
     if pretrained:
         variants = wanted_variants(family_name, patterns, results)  # bad input refused before the registry
         groups = [[(name, recipe, variant)] for name, (recipe, variant) in variants.items()]

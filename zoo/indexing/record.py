@@ -75,7 +75,7 @@ def _build(recipe: Recipe, trusted, fam, arch: _Built | None) -> tuple[_Built, b
     from zoo.construction import watch
     from zoo.inspection import inspect_module
 
-    files_read = []
+    files_read: list[str] = []
     watching = fam.CONSTRUCTION_DECIDES
     stop_at = arch.construction if arch is not None else None
     with warnings.catch_warnings():  # builders' deprecation chatter would bury the progress bar
@@ -83,9 +83,10 @@ def _build(recipe: Recipe, trusted, fam, arch: _Built | None) -> tuple[_Built, b
         with watch(stop_at) if watching else contextlib.nullcontext() as seen:
             module = build_meta(recipe, trusted, files_read=files_read)
     if seen is not None and seen.stopped:
+        assert arch is not None  # watch stops only at stop_at, arch's construction
         return arch, True
-    made_it = seen is not None and seen.first is module
-    return _Built(module, inspect_module(module), sorted(set(files_read)), seen.call if made_it else None), False
+    construction = seen.call if seen is not None and seen.first is module else None
+    return _Built(module, inspect_module(module), sorted(set(files_read)), construction), False
 
 
 def record_with_build(name, recipe, trusted=None, variant=None, inputs=None, known=None, arch=None):
@@ -179,7 +180,7 @@ def _analysis_at(built: _Built, spec, versions: str, known: dict | None) -> tupl
     # the analysis also depends on the libraries and on zoo's analysis code: both are part of the key
     digest = structure_digest(built.module, (spec, versions, RECORD_VERSION))
     reused = known is not None and digest in known
-    analysis = dict(known[digest]) if reused else _analyze(built.module, spec)
+    analysis = dict(known[digest]) if known is not None and reused else _analyze(built.module, spec)
     if analysis.get("scan_status") == "ok":  # a timeout or an error is not passed on
         built.analysed[at] = digest, analysis
         if known is not None and digest is not None:
@@ -217,7 +218,8 @@ def _out_of_range(row: dict, kwargs: dict) -> str | None:
 
 def _largest_number(kwargs: dict) -> tuple[str | None, int]:
     """The dotted key of the largest integer in a recipe's kwargs, at any depth, and the integer."""
-    best, todo = (None, 0), [(kwargs, "")]
+    best: tuple[str | None, int] = (None, 0)
+    todo: list[tuple[dict | list, str]] = [(kwargs, "")]
     while todo:
         value, path = todo.pop()
         items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()

@@ -162,7 +162,7 @@ def engine(url: str, write: bool = False) -> Engine:
             f"the registry at {path} cannot be opened: it is not a regular file (a directory, a FIFO, "
             f"a device): give the path of a registry file"
         )
-    if not write and lite.sqlite_file(url) and path.is_file():
+    if not write and lite.sqlite_file(url) and path is not None and path.is_file():
         # read-only, as the lite reader reads (see lite.connect_read): a reader never writes, nor checkpoints
         # and deletes the WAL when it closes last
         options["creator"] = lambda: lite.connect_read(str(path), check_same_thread=False)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import sqlite3
+from collections.abc import Callable
 from datetime import datetime
 from urllib.parse import quote
 
@@ -205,8 +206,8 @@ def search(
             rows = _plan(con, expression, where, params, order, field, descending, limit)
         else:
             sql = f"SELECT {_COLUMNS} FROM models WHERE {where} ORDER BY {order}"
-            rows = con.execute(*((sql + " LIMIT ?", [*params, limit]) if limit is not None else (sql, params)))
-            rows = rows.fetchall()
+            args = (sql + " LIMIT ?", [*params, limit]) if limit is not None else (sql, params)
+            rows = con.execute(*args).fetchall()
     except sqlite3.Error:
         return None
     finally:
@@ -306,7 +307,7 @@ def measurements(url: str, name: str) -> list[dict] | None:
         return None
     finally:
         con.close()
-    decode = {"compiled": bool, "channels_last": bool, "measured_at": datetime.fromisoformat}
+    decode: dict[str, Callable] = {"compiled": bool, "channels_last": bool, "measured_at": datetime.fromisoformat}
     return [
         clean_run({n: decode.get(n, lambda v: v)(v) for n, v in zip(names, row) if n not in ("id", "model_id")})
         for row in rows
@@ -319,7 +320,7 @@ def fastest(url: str, names: list[str], device: str, mode: str) -> dict[str, flo
     con = _open(url)
     if con is None:
         return None
-    out = {}
+    out: dict[str, float] = {}
     try:
         for i in range(0, len(names), 500):  # bound the statement's parameters
             chunk = names[i : i + 500]

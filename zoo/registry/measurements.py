@@ -56,7 +56,7 @@ def of_model(session: Session, name: str) -> list[dict]:
 def fastest(session: Session, names: list[str], device: str, mode: str) -> dict[str, float]:
     """Full name -> the highest samples/s of its runs of that device and mode, for those of `names` with one (runs
     of a finite number only: where.FINITE)."""
-    out = {}
+    out: dict[str, float] = {}
     for i in range(0, len(names), 500):  # bound the statement's parameters
         out.update(
             session.execute(

@@ -3,8 +3,9 @@
 import difflib
 import hashlib
 from datetime import UTC, datetime
+from typing import cast
 
-from sqlalchemy import delete, func, select
+from sqlalchemy import String, delete, func, select
 from sqlalchemy.orm import Session
 
 from zoo.columns import ANALYSIS, BY_NAME, COLUMNS, PUBLIC, check_name, finite
@@ -110,7 +111,7 @@ def check_numbers(name: str, values: dict) -> None:
 
 
 def add_weights(session: Session, name: str, tag: str, path: str, sha256: str, nbytes: int) -> None:
-    check_lengths(session, {"tag": tag}, {"tag": Weights.__table__.c.tag.type.length})
+    check_lengths(session, {"tag": tag}, {"tag": cast(String, Weights.__table__.c.tag.type).length})
     lock_name(session, name)
     row = resolve(session, name)
     session.execute(delete(Weights).where(Weights.model_id == row.id, Weights.tag == tag))
@@ -145,8 +146,9 @@ def analyses_by_digest(session: Session, family: str) -> dict[str, dict]:
 def recorded_inputs(session: Session, name: str, family: str, builder: str) -> list | None:
     """The input spec recorded with `name` when it holds a model of this family and builder."""
     row = session.scalar(select(Model).where(Model.name == name))
-    same = row is not None and (row.family, row.builder) == (family, builder)
-    return BY_NAME["inputs"].decode(row.inputs) if same else None
+    if row is None or (row.family, row.builder) != (family, builder):
+        return None
+    return BY_NAME["inputs"].decode(row.inputs)
 
 
 def check_replace(session: Session, name: str, family: str, builder: str, replace: bool = False) -> None:
@@ -181,7 +183,7 @@ def write_model(session: Session, record: dict, tensor_table, replace: bool = Fa
     row = session.scalar(select(Model).where(Model.name == record["name"]))
     _refuse_takeover(session, row, record["family"], record["builder"], replace)
     new = row is None
-    if new:
+    if row is None:
         row = Model(**values)
         session.add(row)
         session.flush()
@@ -247,6 +249,7 @@ def search(
 def variants_of(session: Session, name: str) -> tuple[str, list[ModelInfo]]:
     """The architecture of `name` (itself, or the one a variant names) and every pretrained variant of it;
     an architecture whose own row is not recorded is found by its variants."""
+    arch: str | None
     try:
         row = resolve(session, name)
         arch = row.arch_name or row.name
@@ -259,6 +262,7 @@ def variants_of(session: Session, name: str) -> tuple[str, list[ModelInfo]]:
         if len(archs) != 1:
             raise
         arch = archs[0]
+        assert arch is not None  # the where clause compared it with `name`: not NULL
     rows = session.scalars(
         select(Model).where(Model.arch_name == arch, Model.kind == "variant").order_by(bytewise(Model.name))
     )

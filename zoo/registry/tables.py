@@ -2,7 +2,7 @@
 migrations create and change them."""
 
 from datetime import datetime
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import (
     BigInteger,
@@ -51,11 +51,8 @@ models = Table(
 # made the first three carry the numbers a search sorts by, and on PostgreSQL the id).
 for _columns in (("params", "name"), ("bytes", "name"), ("flops", "name"), ("family", "params", "name")):
     _carried = [c for c in ("params", "bytes", "flops", "top1") if c not in _columns] if len(_columns) == 2 else []
-    Index(
-        f"ix_models_{'_'.join(_columns)}",
-        *(models.c[c] for c in (*_columns, *_carried)),
-        **({"postgresql_include": ["id"]} if _carried else {}),
-    )
+    _dialect_kw: dict[str, Any] = {"postgresql_include": ["id"]} if _carried else {}
+    Index(f"ix_models_{'_'.join(_columns)}", *(models.c[c] for c in (*_columns, *_carried)), **_dialect_kw)
 # What migrations 0005 and 0007 create per backend and the ORM cannot declare: SQLite's FTS5 trigram table over
 # names (its shadow tables models_fts_*, and the triggers that keep it in step), PostgreSQL's bytewise name index
 # and pg_trgm GIN indexes on name and short, and the (family, name) index, bytewise on PostgreSQL. The schema

@@ -1,5 +1,7 @@
 """Copy a whole registry between any two URLs (SQLite <-> PostgreSQL): every table row for row, ids kept."""
 
+from typing import cast
+
 from sqlalchemy import Table, delete, func, select, text
 
 from zoo.columns import finite
@@ -8,7 +10,7 @@ from zoo.registry import db
 from zoo.registry.tables import Measurement, Model, ModelTensors, Weights
 
 # Parents before children (foreign keys); each with the key it is read in order of.
-TABLES: tuple[Table, ...] = (Model.__table__, ModelTensors.__table__, Weights.__table__, Measurement.__table__)
+TABLES: tuple[Table, ...] = tuple(cast(Table, m.__table__) for m in (Model, ModelTensors, Weights, Measurement))
 _BATCH = 500
 
 
@@ -43,8 +45,8 @@ def copy_registry(src: str, dst: str, replace: bool = False) -> dict[str, int]:
             counts[table.name] = 0
             rows = source.execute(select(table).order_by(*table.primary_key.columns))
             numbers = [c.name for c in table.c if c.type.python_type in (int, float)]
-            while batch := rows.fetchmany(_BATCH):
-                batch = [dict(r._mapping) for r in batch]
+            while chunk := rows.fetchmany(_BATCH):
+                batch = [dict(r._mapping) for r in chunk]
                 _refuse_non_numbers(src, table, numbers, batch)
                 write(table.insert(), batch)
                 counts[table.name] += len(batch)

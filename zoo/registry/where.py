@@ -10,6 +10,8 @@ pre-filter (SQLite: the FTS5 trigram table of migration 0005; PostgreSQL: an ILI
 
 from __future__ import annotations
 
+from typing import Literal, overload
+
 from zoo.columns import BY_NAME
 from zoo.errors import SearchSyntaxError
 from zoo.query import MAX_COMPARISONS, MAX_DEPTH, And, Compare, Expr, Not, Or, check, parse, parse_sort
@@ -28,7 +30,7 @@ class Binds:
         self.values: dict | list = {} if named else []
 
     def __call__(self, value) -> str:
-        if self.named:
+        if isinstance(self.values, dict):  # named
             key = f"w{len(self.values)}"
             self.values[key] = value
             return f":{key}"
@@ -135,6 +137,7 @@ def _compile(e: Expr, negate: bool, depth: int, seen: list[int], dialect: str, b
     else:
         col = f"models.{e.field}"
         if e.op == "~":
+            assert isinstance(value, str)  # check() refuses a glob on a number field
             cond = _glob(e, value, dialect, bind, prefilter)
         elif isinstance(value, str):
             cond = f"{_bytewise(col, dialect)} {e.op} {bind(value)}"
@@ -145,6 +148,12 @@ def _compile(e: Expr, negate: bool, depth: int, seen: list[int], dialect: str, b
     return f"NOT ({cond})" if negate else cond
 
 
+@overload
+def compile_where(
+    expr: str | Expr, dialect: str = ..., prefilter=..., named: Literal[False] = ...
+) -> tuple[str, list]: ...
+@overload
+def compile_where(expr: str | Expr, dialect: str = ..., prefilter=..., *, named: Literal[True]) -> tuple[str, dict]: ...
 def compile_where(
     expr: str | Expr, dialect: str = "sqlite", prefilter=lambda pattern: True, named: bool = False
 ) -> tuple[str, dict | list]:

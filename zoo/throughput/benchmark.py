@@ -201,11 +201,11 @@ def measure(
             sync()
             total += time.perf_counter() - t
         elapsed = time.perf_counter() - start
-    peak = (
-        torch.cuda.max_memory_allocated()
-        if cuda
-        else (None if base is None or _rss("VmHWM") is None else max(0, _rss("VmHWM") - base))
-    )
+    if cuda:
+        peak = torch.cuda.max_memory_allocated()
+    else:
+        hwm = None if base is None else _rss("VmHWM")
+        peak = None if base is None or hwm is None else max(0, hwm - base)
     return {"samples_per_s": batch * steps / elapsed, "step_ms": 1000 * total / steps, "peak_bytes": peak}
 
 

@@ -79,6 +79,7 @@ class Catalog:
         except ZooError as e:
             status, body = self.failure(e)
             body = {"failure": body} if html else body
+        response: Response
         if html is None:
             response = JSONResponse(body, status_code=status, headers=HEADERS)
         else:
@@ -156,8 +157,8 @@ class Catalog:
                     )
                     response = Response(body, status, HEADERS, "application/json")
                 except ZooError as e:  # the worker ended (WorkerFailed)
-                    status, body = self.failure(e)
-                    response = JSONResponse(body, status, HEADERS)
+                    status, failure = self.failure(e)
+                    response = JSONResponse(failure, status, HEADERS)
                 return self.timed(response, start)
         finally:
             self.heavy_admitted -= 1

@@ -40,7 +40,11 @@ def guarded_protocol(max_connections: int, header_timeout_s: float = HEADER_TIME
             super().connection_made(transport)
             self.arm()
             if len(self.connections) > max_connections:
-                idle = [c for c in self.connections if c is not self and c.idle() and not c.transport.is_closing()]
+                idle = [
+                    c
+                    for c in self.connections
+                    if isinstance(c, Guarded) and c is not self and c.idle() and not c.transport.is_closing()
+                ]
                 if idle:
                     min(idle, key=lambda c: c.waiting_since).transport.close()
 

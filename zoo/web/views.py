@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import math
 from collections import Counter
+from typing import overload
 
 from zoo import render
 from zoo.api import Zoo
@@ -97,6 +98,10 @@ def summary(info: ModelInfo) -> dict:
     return row
 
 
+@overload
+def whole_number(params, key: str, default: int, low: int, high: int) -> int: ...
+@overload
+def whole_number(params, key: str, default: None, low: int, high: int) -> int | None: ...
 def whole_number(params, key: str, default: int | None, low: int, high: int) -> int | None:
     """A query parameter that must be a whole number in [low, high]; absent or empty gives default."""
     text = (params.get(key) or "").strip()
@@ -130,7 +135,7 @@ def search(zoo: Zoo, params) -> dict:
         try:
             parse_sort(sort)
         except SearchSyntaxError as e:
-            e.param = "sort"
+            e.param = "sort"  # type: ignore[attr-defined]  # the parameter at fault, which error() reads
             raise
     # the numbers the search or its sort names are columns too (box_map>40 shows box_map), as `zoo search` adds them
     named = [f for f in render.named_numbers(q, sort) if f not in TABLE_COLUMNS]

@@ -45,12 +45,14 @@ class Worker:
             stdout=subprocess.PIPE,
             env=env,
         )
+        assert self.proc.stdin is not None  # stdin=PIPE
         self.proc.stdin.write(self.url.encode() + b"\n")  # not an argument: ps would show a password
         self.proc.stdin.flush()
 
     def call(self, kind: str, name: str, params: dict) -> tuple[int, bytes]:
         """(HTTP status, JSON body) of a scan or an estimate; WorkerFailed when the worker ends meanwhile."""
         proc = self.proc
+        assert proc is not None and proc.stdin is not None and proc.stdout is not None  # start(): both pipes
         try:
             proc.stdin.write(json.dumps({"kind": kind, "name": name, "params": params}).encode() + b"\n")
             proc.stdin.flush()
@@ -73,6 +75,7 @@ class Worker:
             self.proc.kill()
             self.proc.wait()
             for pipe in (self.proc.stdin, self.proc.stdout):
+                assert pipe is not None  # start() made both pipes
                 pipe.close()
 
 

@@ -77,7 +77,7 @@ def parallel(fn, jobs, weight) -> None:
         for job in jobs:
             fn(job)
         return
-    groups = [[] for _ in range(workers)]
+    groups: list[list] = [[] for _ in range(workers)]
     loads = [0] * workers
     for job in sorted(jobs, key=weight, reverse=True):
         i = loads.index(min(loads))

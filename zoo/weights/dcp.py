@@ -18,12 +18,16 @@ import threading
 import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from zoo.errors import CheckpointError, InvalidArgument
 from zoo.inspection import dtype_name
 from zoo.weights.paths import open_regular, regular_file
 from zoo.weights.sources import Source, Spec, archive_records, read_exact
 from zoo.weights.tiling import check_tiling
+
+if TYPE_CHECKING:  # torch only when a checkpoint is read
+    import torch
 
 METADATA = ".metadata"
 MAX_METADATA_BYTES = 1 << 30  # a model of 10^5 tensors on 10^3 ranks stays well below
@@ -123,7 +127,7 @@ class _Chunk:
 @dataclass
 class _Tensor:
     fqn: str
-    dtype: object  # torch.dtype
+    dtype: "torch.dtype"
     shape: tuple[int, ...]
     chunks: list[_Chunk]
 

@@ -3,6 +3,7 @@
 Torch-free, so `zoo check` compares a registry row with a file's header without importing torch.
 """
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -20,17 +21,17 @@ class Target:
 
 
 class Part(NamedTuple):
-    """The part of a fused tensor one checkpoint key fills: row `index` of dim 0, cut into `pieces`
+    """The part of a fused tensor one checkpoint key fills: row `row` of dim 0, cut into `pieces`
     equal pieces along its first dim, of which this key is piece `piece` (a MoE's stacked experts,
     gate and up concatenated)."""
 
-    index: int
+    row: int  # not `index`: a field of that name would hide tuple.index
     piece: int
     pieces: int
 
     def shape(self, shape: tuple) -> tuple | None:
         """The key's shape in a target of `shape`; None when the part is not in it."""
-        if len(shape) < 2 or self.index >= shape[0] or shape[1] % self.pieces:
+        if len(shape) < 2 or self.row >= shape[0] or shape[1] % self.pieces:
             return None
         return (shape[1] // self.pieces, *shape[2:])
 
@@ -70,8 +71,9 @@ def fit(targets: list[Target], specs: dict, key_map=None, ignore=frozenset(), ti
     from the key of another name of its group."""
     by_name = {n: i for i, t in enumerate(targets) if t.persistent for n in t.names}
     result = Fit()
-    whole, pieces = set(), {}  # target index -> the parts loaded
-    key_of = {}  # name -> the key that fills its tensor whole: a tie broken since reads it too
+    whole: set[int] = set()
+    pieces: dict[int, set[Part]] = {}  # target index -> the parts loaded
+    key_of: dict[str, str] = {}  # name -> the key that fills its tensor whole: a tie broken since reads it too
     for key, name in _key_mapping(list(specs), key_map, by_name).items():
         name, part = name if isinstance(name, tuple) else (name, None)
         if name is not None and part is None:
@@ -87,7 +89,7 @@ def fit(targets: list[Target], specs: dict, key_map=None, ignore=frozenset(), ti
             if index in whole:
                 continue  # a tie is loaded once, from its first key
             whole.add(index)
-            expected = tuple(target.shape)
+            expected: tuple | None = tuple(target.shape)
         else:
             if part in pieces.setdefault(index, set()):
                 result.unexpected.append(key)  # a second key for the same part: which one is meant?
@@ -131,9 +133,9 @@ def _count(shape: tuple, parts: set) -> int:
     return shape[0] * next(iter(parts)).pieces if len(shape) >= 2 else -1
 
 
-def _key_mapping(keys: list[str], key_map, by_name) -> dict[str, str | None]:
-    """Checkpoint key -> model name. Without a key_map, a wrapper prefix that every key carries is
-    removed when that makes more keys match."""
+def _key_mapping(keys: list[str], key_map, by_name) -> Mapping[str, str | tuple[str, Part] | None]:
+    """Checkpoint key -> model name, (model name, Part) or None (skipped). Without a key_map, a wrapper
+    prefix that every key carries is removed when that makes more keys match."""
     if callable(key_map):
         return {k: key_map(k) for k in keys}
     if isinstance(key_map, dict):

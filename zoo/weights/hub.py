@@ -14,6 +14,7 @@ import os
 import re
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Literal, overload
 
 from zoo.errors import CheckpointError, HubUnavailable
 from zoo.weights import verified
@@ -44,6 +45,10 @@ def offline() -> bool:
     return constants.is_offline_mode()
 
 
+@overload
+def download(repo_id: str, filename: str, revision: str | None = None, missing_ok: Literal[False] = False) -> str: ...
+@overload
+def download(repo_id: str, filename: str, revision: str | None = None, missing_ok: bool = False) -> str | None: ...
 def download(repo_id: str, filename: str, revision: str | None = None, missing_ok: bool = False) -> str | None:
     """The local path of one file of a hub repo (cache first); None if missing_ok and the repo lacks it
     (or, offline, the cache does)."""

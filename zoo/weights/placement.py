@@ -5,6 +5,8 @@ uneven shards (torch.chunk sizes), and the _StridedShard FSDP2 makes over a tens
 same dim. A rank reads just these boxes of the file.
 """
 
+from typing import Literal
+
 from zoo.errors import MaterializeError
 
 Box = tuple[tuple[int, int], ...]  # (start, stop) per dim
@@ -50,7 +52,7 @@ def box_slices(box: Box) -> tuple[slice, ...]:
     return tuple(slice(s, e) for s, e in box)
 
 
-def leading_rows(box: Box | None, shape: tuple[int, ...]) -> tuple[int, int] | None | bool:
+def leading_rows(box: Box | None, shape: tuple[int, ...]) -> tuple[int, int] | None | Literal[False]:
     """(start, stop) of dim 0 when the box is whole in every other dim (a contiguous byte range of a
     row-major tensor), None for no box (the whole tensor), False when the box is strided."""
     if box is None:

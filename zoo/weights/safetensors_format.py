@@ -45,7 +45,8 @@ def read_header(path: str | Path, fd: int | None = None) -> tuple[list[Entry], d
     fd: the file already open (a reader then takes header and data from the same file)."""
     path = Path(path)
     own = fd is None
-    fd = open_regular(path) if own else fd
+    if fd is None:
+        fd = open_regular(path)
     try:
         size = os.fstat(fd).st_size
         raw = os.pread(fd, 8, 0)

@@ -139,6 +139,7 @@ class SafetensorsSource(Source):
             n = min(step, flat.numel() - i)
             offset = start + i * itemsize
             if mapped is None:
+                assert staging is not None  # made above for an unmapped file
                 read_exact(fd, offset, n * itemsize, staging[:n])
                 flat[i : i + n].copy_(staging[:n])
                 continue

@@ -110,7 +110,7 @@ def stream_into(
     sink = _Sink(jobs, source, ranges, device, stream)
     del jobs  # from here on only the sink holds the destinations, so that an error can let go of them
     size = max(c.size for c in chunks)
-    buffers = []
+    buffers: list[torch.Tensor] = []
 
     def fill(i: int, copied) -> None:
         if copied is not None:
@@ -122,7 +122,7 @@ def stream_into(
     pending = {}
     try:
         buffers.extend(torch.empty(size, dtype=torch.uint8, pin_memory=cuda) for _ in range(ring))
-        if cuda:
+        if stream is not None:  # on cuda
             stream.wait_stream(torch.cuda.current_stream(device))  # destinations were allocated there
         with ThreadPoolExecutor(readers) as pool:
             try:
@@ -137,7 +137,7 @@ def stream_into(
                 for future in pending.values():
                     future.cancel()
     except BaseException as e:
-        if cuda:
+        if stream is not None:
             stream.synchronize()  # nothing may still write into memory that is about to be freed or reused
         # A traceback keeps its frames' locals alive as long as the caller keeps the exception: let go
         # of the device and pinned memory now, so that a failed load has freed it when it raises.
@@ -145,7 +145,7 @@ def stream_into(
         sink.release()
         buffers.clear()
         raise
-    if cuda:
+    if stream is not None:
         stream.synchronize()  # the call returns with every tensor filled
 
 
