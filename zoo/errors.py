@@ -165,7 +165,12 @@ class CatalogError(ZooError, OSError):
 
 
 class InvalidArgument(ZooError, ValueError):
-    """An argument zoo refuses before doing anything (a value out of range, options that contradict)."""
+    """An argument zoo refuses before doing anything (a value out of range, options that contradict). The message
+    names the Python argument; `argument` holds its name, which the CLI turns into its flag (batch -> --batch)."""
+
+    def __init__(self, message: str, argument: str | None = None):
+        super().__init__(message)
+        self.argument = argument
 
 
 class WorkerFailed(ZooError, RuntimeError):

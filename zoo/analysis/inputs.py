@@ -118,15 +118,17 @@ def parse_inputs(value) -> list[dict]:
                 value = json.loads(text)
             except json.JSONDecodeError as e:
                 raise InvalidArgument(
-                    f"--input is a shape like 1,3,224,224 or a JSON list of "
-                    f'{{"shape": [...], "dtype": ..., "name": ...}}: {e}'
+                    f"inputs is a shape like 1,3,224,224 or a JSON list of "
+                    f'{{"shape": [...], "dtype": ..., "name": ...}}: {e}',
+                    "inputs",
                 ) from None
         else:
             try:
                 value = [{"shape": [int(d) for d in text.split(",")]}]
             except ValueError:
                 raise InvalidArgument(
-                    f"--input shape is whole numbers separated by commas, e.g. 1,3,224,224, not {value!r}"
+                    f"inputs: a shape is whole numbers separated by commas, e.g. 1,3,224,224, not {value!r}",
+                    "inputs",
                 ) from None
     if isinstance(value, dict):
         value = [value]

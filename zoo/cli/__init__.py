@@ -264,6 +264,19 @@ def cmd_catalog(zoo, args) -> int:
     return 0
 
 
+# The API arguments whose flag is not --NAME, for InvalidArgument.argument.
+_ARGUMENT_FLAGS = {"inputs": "--input"}
+
+
+def _as_flags(e: Exception) -> str:
+    """The message as the CLI says it: an InvalidArgument names the API argument (batch); here, its flag (--batch)."""
+    argument = getattr(e, "argument", None)
+    message = str(e)
+    if argument and message.startswith(argument):
+        return _ARGUMENT_FLAGS.get(argument, "--" + argument.replace("_", "-")) + message[len(argument) :]
+    return message
+
+
 def _version() -> str:
     import zoo
 
@@ -422,7 +435,9 @@ def main(argv=None) -> int:
     try:
         return args.run(Zoo(args.registry), args)
     except (ZooError, json.JSONDecodeError) as e:
-        print(f"zoo: error: {printable(e)}", file=sys.stderr)
+        # line by line: a search error's caret sits on the line under the expression
+        lines = _as_flags(e).split("\n")
+        print("zoo: error: " + "\n".join(printable(line) for line in lines), file=sys.stderr)
         return 1
     except BrokenPipeError:
         return 0

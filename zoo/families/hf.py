@@ -271,7 +271,7 @@ def load_config(source: str, revision: str | None = None) -> tuple[dict, str]:
     path = Path(source)
     if path.exists():
         if revision:
-            raise InvalidRecipe(f"--revision applies to hub repo ids, not to the local {source}")
+            raise InvalidRecipe(f"revision applies to hub repo ids, not to the local {source}")
         file = path / "config.json" if path.is_dir() else path
         if not file.is_file():
             raise InvalidRecipe(f"{source}: no config.json in this directory")

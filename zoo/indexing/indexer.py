@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 from zoo.caching import register
 from zoo.constants import CONSTRUCTOR_TAG
-from zoo.errors import InvalidArgument, InvalidRecipe, ModelExists, ZooError, reason
+from zoo.errors import InvalidArgument, ModelExists, ZooError, reason
 from zoo.families import family
 from zoo.indexing.record import record_of, record_with_build, source_hash
 from zoo.recipe import Recipe
@@ -349,7 +349,7 @@ def index_configs(
     from zoo.families import hf
 
     if name is not None and len(sources) != 1:
-        raise InvalidRecipe("--name names one model: give one source with it")
+        raise InvalidArgument("name names one model: give one source with it", "name")
     db.open_registry(url, write=True, create=True)
     versions = hf.versions()
     outcome = Outcome()

@@ -16,6 +16,8 @@ from zoo.errors import RegistryError, RegistryLocked, RegistryNotFound, SchemaOu
 from zoo.registry import (
     SCHEMA_REVISION,  # the alembic head this code reads and writes
     lite,
+    locked,
+    meaning_of,
 )
 
 _PACKAGE = Path(__file__).resolve().parent.parent
@@ -56,38 +58,6 @@ def exists(url: str) -> bool:
     return path is None or path.exists()
 
 
-# Driver messages -> what they mean for a registry and what to do.
-_MEANINGS = (
-    (
-        "file is not a database",
-        "is not a SQLite database: point --registry (or ZOO_REGISTRY) at a registry file, "
-        "or create one with `zoo db upgrade`",
-    ),
-    (
-        "unable to open database file",
-        "cannot be opened (a directory, or a folder that does not exist?): give the path of a registry file",
-    ),
-    (
-        "readonly database",
-        "is read-only: writing needs write permission on the file and its folder (SQLite keeps "
-        "a journal beside it); or copy it somewhere writable",
-    ),
-    (
-        "lock timeout",
-        "is locked by another writer for longer than ZOO_LOCK_TIMEOUT ({timeout:g} s): try "
-        "again when it has finished, or wait longer with a larger ZOO_LOCK_TIMEOUT",
-    ),
-    ("value too long", "holds no value that long in this field: choose a shorter one"),
-    ("database or disk is full", "cannot be written: its disk is full; free space there, or write somewhere else"),
-    ("disk I/O error", "cannot be read or written (the disk, or a file size limit): check the disk it is on"),
-    (
-        "database is locked",
-        "is locked by another writer for longer than ZOO_LOCK_TIMEOUT ({timeout:g} s): try "
-        "again when it has finished, or wait longer with a larger ZOO_LOCK_TIMEOUT",
-    ),
-)
-
-
 @contextlib.contextmanager
 def translated(url: str):
     """Errors from SQLAlchemy or the database driver, raised as RegistryError naming the registry and the next step."""
@@ -99,10 +69,10 @@ def translated(url: str):
         raise RegistryError(f"the registry at {masked(url)} cannot be opened ({e})") from None
     except exc.DBAPIError as e:
         detail = (str(e.orig) if e.orig is not None else str(e)).strip().split("\n")[0]
-        meaning = next((m.format(timeout=lock_timeout_s()) for key, m in _MEANINGS if key in detail), None)
+        meaning = meaning_of(detail)
         if meaning is None and _sqlite_path(url) is None and isinstance(e, exc.OperationalError):
             meaning = "cannot be reached: check that the server is running and the URL (host, port, user, database)"
-        kind = RegistryLocked if "ZOO_LOCK_TIMEOUT" in (meaning or "") else RegistryError  # the lock meanings
+        kind = RegistryLocked if locked(meaning) else RegistryError
         raise kind(f"the registry at {masked(url)} {meaning or 'refused the operation'} ({detail})") from None
 
 
@@ -393,9 +363,7 @@ def compact(url: str) -> str:
         con.execute("PRAGMA journal_mode=DELETE")
         con.execute("VACUUM")
     except sqlite3.Error as e:
-        meaning = next(
-            (m.format(timeout=lock_timeout_s()) for key, m in _MEANINGS if key in str(e)), "could not be compacted"
-        )
+        meaning = meaning_of(str(e)) or "could not be compacted"
         raise RegistryError(f"the registry at {path} {meaning} ({e})") from None
     finally:
         con.close()

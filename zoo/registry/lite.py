@@ -5,7 +5,8 @@ It runs the SQL of zoo.registry.where, the one compiler both readers use (the pr
 tests/test_search.py check both against one reference), and plans it for a million rows (see _plan:
 an in-order scan may leave out a name glob's trigram pre-filter, which never changes the rows). Anything
 it does not handle (a server URL, URL options, a registry at another schema revision, a file that cannot be
-opened) returns None, and the caller takes the SQLAlchemy path, which gives the proper error.
+opened) returns None, and the caller takes the SQLAlchemy path, which gives the proper error; a database error
+(a damaged file, a lock held past ZOO_LOCK_TIMEOUT) is the same RegistryError that path raises.
 """
 
 from __future__ import annotations
@@ -17,8 +18,10 @@ from datetime import datetime
 from urllib.parse import quote
 
 from zoo.columns import BY_NAME, PUBLIC
+from zoo.constants import lock_timeout_s
+from zoo.errors import RegistryError, RegistryLocked
 from zoo.query import Expr, parse
-from zoo.registry import SCHEMA_REVISION
+from zoo.registry import SCHEMA_REVISION, locked, meaning_of
 from zoo.registry.where import FINITE, compile_where, order_sql
 
 # A search that matches at least this share of the rows finds its first `limit` rows soonest by reading them
@@ -76,20 +79,32 @@ def _open(url: str) -> sqlite3.Connection | None:
 
 
 def _connect(path: str) -> sqlite3.Connection | None:
+    """A read connection; None where this path does not apply (no such file, another schema revision, not a zoo
+    registry: the SQLAlchemy path then says which). A database error is a RegistryError, as on that path."""
     if not os.path.isfile(path):  # a FIFO would block the open forever: the SQLAlchemy path refuses it
         return None
+    con = None
     try:
-        con = connect_read(path)
-    except sqlite3.Error:
-        return None
-    try:
-        if con.execute("SELECT version_num FROM alembic_version").fetchone() != (SCHEMA_REVISION,):
+        con = connect_read(path, timeout=lock_timeout_s())
+        revision = con.execute("SELECT version_num FROM alembic_version").fetchone()
+    except sqlite3.Error as e:
+        if con is not None:
             con.close()
+        if "no such table" in str(e):  # an empty database or another program's
             return None
-    except sqlite3.Error:
+        raise registry_error(path, e) from None
+    if revision != (SCHEMA_REVISION,):
         con.close()
         return None
     return con
+
+
+def registry_error(path: str, e: sqlite3.Error) -> RegistryError:
+    """A driver's error as the RegistryError (or RegistryLocked) the SQLAlchemy path raises for it."""
+    detail = str(e).strip().split("\n")[0]
+    meaning = meaning_of(detail)
+    kind = RegistryLocked if locked(meaning) else RegistryError
+    return kind(f"the registry at sqlite:///{path} {meaning or 'refused the operation'} ({detail})")
 
 
 def _ordered_index(con, field: str) -> str | None:
@@ -208,8 +223,8 @@ def search(
             sql = f"SELECT {_COLUMNS} FROM models WHERE {where} ORDER BY {order}"
             args = (sql + " LIMIT ?", [*params, limit]) if limit is not None else (sql, params)
             rows = con.execute(*args).fetchall()
-    except sqlite3.Error:
-        return None
+    except sqlite3.Error as e:
+        raise registry_error(path, e) from None
     finally:
         con.close()
     if fields is None:
@@ -245,8 +260,8 @@ def info(url: str, name: str, tensors: bool = False):
                 "SELECT tag, path, sha256, bytes FROM weights WHERE model_id = ? ORDER BY CAST(tag AS BLOB)", [model_id]
             )
         ]
-    except sqlite3.Error:
-        return None
+    except sqlite3.Error as e:
+        raise registry_error(str(sqlite_file(url)), e) from None
     finally:
         con.close()
     fields = {c.name: _decoder(c)(v) for c, v in zip(PUBLIC, values)}
@@ -281,8 +296,8 @@ def variants(url: str, name: str):
             f"SELECT {_COLUMNS} FROM models WHERE arch_name = ? AND kind = 'variant' ORDER BY CAST(name AS BLOB)",
             [arch],
         ).fetchall()
-    except sqlite3.Error:
-        return None
+    except sqlite3.Error as e:
+        raise registry_error(str(sqlite_file(url)), e) from None
     finally:
         con.close()
     return arch, _infos(rows)
@@ -303,8 +318,8 @@ def measurements(url: str, name: str) -> list[dict] | None:
             [name],
         )
         names, rows = [d[0] for d in cur.description], cur.fetchall()
-    except sqlite3.Error:
-        return None
+    except sqlite3.Error as e:
+        raise registry_error(str(sqlite_file(url)), e) from None
     finally:
         con.close()
     decode: dict[str, Callable] = {"compiled": bool, "channels_last": bool, "measured_at": datetime.fromisoformat}
@@ -332,8 +347,8 @@ def fastest(url: str, names: list[str], device: str, mode: str) -> dict[str, flo
                     [device, mode, *chunk],
                 ).fetchall()
             )
-    except sqlite3.Error:
-        return None
+    except sqlite3.Error as e:
+        raise registry_error(str(sqlite_file(url)), e) from None
     finally:
         con.close()
     return out

@@ -26,7 +26,7 @@ def record(session: Session, name: str, values: dict) -> None:
         if finite(values[key]) is None or values[key] <= 0:
             raise InvalidArgument(
                 f"{name}: {key} is {values[key]!r}, not a positive finite number: nothing was "
-                f"recorded; measure it again (more --steps)"
+                f"recorded; measure it again (more steps)"
             )
     row = resolve(session, name)
     columns = Measurement.__table__.c

@@ -28,11 +28,11 @@ DEVICES = ("cpu", "cuda")
 def check_options(device: str = "cpu", batch: int = 1, dtype: str = "fp32", steps: int = 40, warmup: int = 10) -> None:
     """Refuse bad options (InvalidArgument) before anything is built; a CUDA run needs a usable GPU."""
     if device not in DEVICES:
-        raise InvalidArgument(f"--device is one of {', '.join(DEVICES)}, not {device!r}")
+        raise InvalidArgument(f"device is one of {', '.join(DEVICES)}, not {device!r}", "device")
     short_name(dtype)  # InvalidArgument unless a floating dtype (zoo.dtypes)
     for what, value, least in (("batch", batch, 1), ("steps", steps, 1), ("warmup", warmup, 0)):
         if not isinstance(value, int) or isinstance(value, bool) or not least <= value <= 1_000_000:
-            raise InvalidArgument(f"{what} is a whole number from {least} to 1000000, not {value!r}")
+            raise InvalidArgument(f"{what} is a whole number from {least} to 1000000, not {value!r}", what)
     if device == "cuda":
         import torch
 
@@ -112,8 +112,9 @@ def check_memory(spec: dict, batch: int, device: str, dtype: str) -> None:
     free = torch.cuda.mem_get_info()[0] if device == "cuda" else _rss("MemAvailable", "/proc/meminfo")
     if free is not None and need > free:
         raise InvalidArgument(
-            f"--batch {batch}: the inputs alone take {need / 2**30:.1f} GiB, more than the "
-            f"{free / 2**30:.1f} GiB free on this {device}: give a smaller --batch"
+            f"batch {batch}: the inputs alone take {need / 2**30:.1f} GiB, more than the "
+            f"{free / 2**30:.1f} GiB free on this {device}: give a smaller batch",
+            "batch",
         )
 
 
@@ -147,7 +148,7 @@ def _loss(output):
 
     leaves = [t for t in tensor_leaves(output) if t.is_floating_point() and t.requires_grad]
     if not leaves:
-        raise InvalidArgument("--train: the model's output holds no tensor to take a loss of")
+        raise InvalidArgument("train: the model's output holds no tensor to take a loss of", "train")
     return sum(t.float().mean() for t in leaves)
 
 
@@ -275,7 +276,7 @@ def run(
         text = " ".join(str(e).split())
         if isinstance(e, (MemoryError, torch.OutOfMemoryError)) or "can't allocate memory" in text:
             raise BenchFailed(
-                f"{info.name} ran out of memory on {device} at batch {batch}: give a smaller --batch ({text[:300]})"
+                f"{info.name} ran out of memory on {device} at batch {batch}: give a smaller batch ({text[:300]})"
             ) from e
         raise BenchFailed(f"{info.name} failed on {device} at batch {batch}: {reason(e)}") from e
     shapes = [{**i, "shape": [batch, *i["shape"][1:]]} for i in info.inputs]

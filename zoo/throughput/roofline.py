@@ -198,5 +198,5 @@ def doc(field: str) -> str:
     return (
         f"PREDICTED, not measured: the roofline upper bound of {what} on {d.device} ({d.precision}) at batch "
         f"{d.batch}, from flops, bytes and train_activation_bytes (zoo.throughput.roofline); measured runs reach "
-        f"a fraction of it (README: Predicted throughput)"
+        f"a fraction of it (docs/guides/speed.md)"
     )

@@ -218,5 +218,5 @@ def serve(url: str | None = None, host: str = "127.0.0.1", port: int = 8000) -> 
     loopback = host in ("127.0.0.1", "localhost", "::1")
     app = create_app(url, hosts=LOOPBACK_HOSTS if loopback else None)
     app.state.catalog.zoo.search(None, limit=1)
-    print(f"zoo catalog of {app.state.catalog.zoo.url} at http://{host}:{port}/ (read-only; Ctrl-C stops)", flush=True)
+    print(f"zoo catalog of {app.state.catalog.zoo} at http://{host}:{port}/ (read-only; Ctrl-C stops)", flush=True)
     uvicorn.Server(config(app, host, port)).run()
