@@ -5,14 +5,14 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test lint test-fast test-timm-checks registry bench sweep
+.PHONY: run test lint test-fast test-timm-checks registry bench sweep docs
 
 # The browser tests (tests/test_web_browser.py) drive Debian's Chromium, and the PostgreSQL tests start
 # Debian's PostgreSQL server (tests/pg.py); CI runs as root and installs both.
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[test,lint,hf,postgres,web]'
+	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[test,lint,docs,hf,postgres,web]'
 	test -x /usr/bin/chromium -a -x /usr/bin/chromedriver || { if [ "$$(id -u)" = 0 ]; then \
 		apt-get update -qq && apt-get install -y -qq chromium chromium-driver; \
 		else echo "not root: install chromium and chromium-driver for the browser tests"; fi; }
@@ -66,3 +66,9 @@ bench: $(STAMP)
 	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[bench]'
 	failed=""; for script in bench/*.py; do $(BIN)/python $$script || failed="$$failed $$script"; done; \
 	if [ -n "$$failed" ]; then echo "bench scripts that failed:$$failed"; exit 1; fi
+
+# The documentation site (docs/, mkdocs.yml) into build/site: --strict fails on a broken link or an API reference that
+# does not resolve. docs/gen_reference.py writes its generated pages (tests/test_docs.py checks they are current).
+docs: $(STAMP)
+	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[docs]'
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
