@@ -1,32 +1,46 @@
 # Two commands: `make run` (the main job on the shipped registry.db) and `make test` (every test).
-# Both create .venv and install into it when it is missing or pyproject.toml changed.
+# Both create .venv and install into it when it is missing or pyproject.toml changed: `make run` only zoo and its
+# runtime dependencies; `make test` adds the test, lint and docs tools and the Debian packages the tests drive.
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
+RUNTIME := $(VENV)/.installed-runtime
 STAMP := $(VENV)/.installed
+# Wait this long for another apt or dpkg process (an unattended upgrade) to let go of its lock, instead of failing.
+APT := apt-get -o DPkg::Lock::Timeout=600 -qq
 
 .PHONY: run test lint test-fast test-timm-checks registry bench sweep docs
 
-# The browser tests (tests/test_web_browser.py) drive Debian's Chromium, and the PostgreSQL tests start
-# Debian's PostgreSQL server (tests/pg.py); CI runs as root and installs both.
-$(STAMP): pyproject.toml constraints.txt
+$(RUNTIME): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -c constraints.txt -e .
+	touch $(RUNTIME)
+
+# The browser tests (tests/test_web_browser.py) drive Debian's Chromium, and the PostgreSQL tests start
+# Debian's PostgreSQL server (tests/pg.py); CI runs as root and installs both.
+$(STAMP): $(RUNTIME)
 	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[test,lint,docs,hf,postgres,web]'
 	test -x /usr/bin/chromium -a -x /usr/bin/chromedriver || { if [ "$$(id -u)" = 0 ]; then \
-		apt-get update -qq && apt-get install -y -qq chromium chromium-driver; \
+		{ $(APT) update && $(APT) install -y chromium chromium-driver; } || { echo "make test: could not install" \
+		"Debian's chromium and chromium-driver (above: why); the browser tests need them" >&2; exit 1; }; \
 		else echo "not root: install chromium and chromium-driver for the browser tests"; fi; }
 	ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || { if [ "$$(id -u)" = 0 ]; then \
-		apt-get update -qq && apt-get install -y -qq postgresql; \
+		{ $(APT) update && $(APT) install -y postgresql; } || { echo "make test: could not install Debian's" \
+		"postgresql (above: why); the PostgreSQL tests need it" >&2; exit 1; }; \
 		else echo "not root: install postgresql for the PostgreSQL tests (they are skipped without it)"; fi; }
 	touch $(STAMP)
 
-run: $(STAMP)
+# zoo.get's time is its own: torch, timm (the model's library) and zoo are imported first, timed apart.
+run: $(RUNTIME)
 	$(BIN)/zoo search "params<1e8 and name~'vit_*' and kind=architecture" --sort -params --limit 10
 	$(BIN)/zoo search "top1>85 and params<30M" --sort -top1 --limit 5
 	$(BIN)/zoo show timm/resnet50
-	$(BIN)/python -c "import zoo, time; t = time.perf_counter(); m = zoo.get('timm/vit_large_patch16_224'); \
-	print(f'zoo.get: {type(m).__module__}.{type(m).__name__}, {sum(p.numel() for p in m.parameters()):,} params, devices {sorted({str(p.device) for p in m.parameters()})}, {time.perf_counter() - t:.2f} s')"
+	$(BIN)/python -c "import time; t0 = time.perf_counter(); import torch, timm, zoo; t1 = time.perf_counter(); \
+	m = zoo.get('timm/vit_large_patch16_224'); t2 = time.perf_counter(); \
+	print(f'zoo.get: {type(m).__module__}.{type(m).__name__}, {sum(p.numel() for p in m.parameters()):,} params, ' \
+	f'devices {sorted({str(p.device) for p in m.parameters()})}, {t2 - t1:.2f} s (importing torch, timm and zoo before ' \
+	f'it: {t1 - t0:.2f} s)')"
 
 # Lint first: a formatting slip or a type error fails in seconds, not after the suite.
 test: lint
