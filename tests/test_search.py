@@ -533,8 +533,8 @@ def test_f_expressions_equal_string_expressions(engine):
 
 
 def test_f_errors():
-    with pytest.raises(AttributeError, match="fields are: name, short"):
-        F.nope  # noqa: B018 - must raise AttributeError: no field named nope
+    with pytest.raises(AttributeError, match="no search field 'parms'; did you mean params"):
+        F.parms  # noqa: B018 - must raise AttributeError: no field named parms
     for bad in [
         lambda: F.params < "abc",
         lambda: F.params == True,  # noqa: E712 - F.params == builds a search expression; True is the bad operand

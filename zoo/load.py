@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -79,6 +80,8 @@ def weights_file(url: str | None, name: str | None, weights) -> WeightsRef:
         from zoo.weights.hub import resolve_hub_weights
 
         return WeightsRef("hub", resolve_hub_weights(weights))
+    if weights.startswith("~"):  # the user's home, as a shell would have read it before handing zoo the path
+        return WeightsRef("path", os.path.expanduser(weights))
     if "/" in weights:
         return WeightsRef("path", weights)
     from zoo.weights.digest import verify

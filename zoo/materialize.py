@@ -167,7 +167,9 @@ def _device(device) -> torch.device:
         device = torch.device(device)
         torch.empty(0, device=device)
     except Exception as e:
-        raise InvalidArgument(f"device {str(device)!r} cannot be used: {' '.join(str(e).split())[:200]}") from None
+        hint = "; did you mean 'cuda'?" if str(device).lower().startswith("gpu") else ""
+        why = " ".join(str(e).split())[:200]
+        raise InvalidArgument(f"device {str(device)!r} cannot be used{hint} ({why})", "device") from None
     if device.type == "meta":
         raise InvalidArgument("device='meta': the module is on meta already; materialize onto 'cpu', 'cuda', ...")
     return device

@@ -48,7 +48,15 @@ _SUFFIXES = {"k": 10**3, "K": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "B": 1
 # What a search compares and sorts by: the columns, the predicted fields (zoo.throughput.roofline: computed from a row's
 # columns) and the measured ones (zoo.throughput.measured: a model's best recorded run sorts it)
 COMPARED = {**FIELDS, **dict.fromkeys(PREDICTED, "number"), **dict.fromkeys(MEASURED, "number")}
-_FIELD_LIST = ", ".join(COMPARED)
+
+
+def unknown_field(name: str) -> str:
+    """What to say of a field that does not exist: the closest names, not all ninety."""
+    import difflib
+
+    close = difflib.get_close_matches(str(name).lower(), COMPARED, n=4, cutoff=0.6)
+    hint = f"did you mean {', '.join(close)}?" if close else "no field is close to it;"
+    return f"unknown field {name!r}; {hint} `zoo search --fields` lists every field"
 
 
 class Expr:
@@ -146,7 +154,7 @@ def _number(value: object, field: str) -> int | float:
 def check(field: str, op: str, value: object) -> int | float | str:
     """Validate one comparison; returns the value to compare with."""
     if field not in COMPARED:
-        raise InvalidComparison(f"unknown field {field!r}; fields are: {_FIELD_LIST}")
+        raise InvalidComparison(unknown_field(field))
     if op not in OPS:
         raise InvalidComparison(f"unknown operator {op!r}; operators are: {' '.join(OPS)}", at_op=True)
     if COMPARED[field] == "number":
@@ -200,7 +208,7 @@ class _Fields:
     def __getattr__(self, name: str) -> _Field:
         if name.lower() in COMPARED:
             return _Field(name.lower())
-        raise AttributeError(f"no search field {name!r}; fields are: {_FIELD_LIST}")
+        raise AttributeError(unknown_field(name).replace("unknown field", "no search field", 1))
 
     def __dir__(self):
         return list(COMPARED)
@@ -323,7 +331,7 @@ class _Parser:
             self.fail(f"expected a comparison (a field such as 'params', '(' or 'not'), got {_describe(field)}", field)
         name = field.text.lower()
         if name not in COMPARED:
-            self.fail(f"unknown field {field.text!r}; fields are: {_FIELD_LIST}", field)
+            self.fail(unknown_field(field.text), field)
         op = self.next()
         if op.kind != "op":
             self.fail(f"expected an operator ({' '.join(_OP_TOKENS)}) after {field.text!r}, got {_describe(op)}", op)

@@ -52,7 +52,9 @@ def dtype_bytes(config, module=None) -> int:
     """Bytes per element at the config's dtype; the module's parameter dtype where the config names none."""
     import torch
 
-    dtype = _get(config, "dtype", "torch_dtype")
+    # transformers 5 calls it dtype and warns on every read of the old name (into zoo's output): that only where
+    # the config has no dtype attribute (transformers 4)
+    dtype = _get(config, "dtype" if hasattr(config, "dtype") else "torch_dtype")
     if isinstance(dtype, str):
         dtype = getattr(torch, dtype.removeprefix("torch."), None)
     if not isinstance(dtype, torch.dtype) and module is not None:

@@ -147,6 +147,8 @@ def index_family(
         raise InvalidArgument("results apply to pretrained variants (pretrained=True)")
     else:
         groups = [[(f"{family_name}/{b}", Recipe(family_name, b), None)] for b in fam.available(patterns)]
+    if patterns and not groups:  # a typo would otherwise report "0 indexed" and succeed
+        raise InvalidArgument(nothing_matches([family_name], patterns))
     db.open_registry(url, write=True, create=True)  # create or check the schema before any work
     outcome = _index_groups(url, [family_name], groups, jobs, force, progress)
     if not pretrained and fam.results_folder():  # the published columns of architecture rows, as installed's
@@ -165,6 +167,8 @@ def index_installed(url: str, patterns=(), jobs: int = 1, force: bool = False, p
     jobs = workers_for(jobs)
     readers = [f for f in INSTALLED if family(f).PUBLISHED_RESULTS]  # `results` is their folder (timm's)
     variants = {f: wanted_variants(f, patterns, results if f in readers else None) for f in INSTALLED}
+    if patterns and not any(variants.values()) and not any(family(f).available(patterns) for f in INSTALLED):
+        raise InvalidArgument(nothing_matches(list(INSTALLED), patterns))
     db.open_registry(url, write=True, create=True)
     groups = []
     for name in INSTALLED:
@@ -179,6 +183,20 @@ def index_installed(url: str, patterns=(), jobs: int = 1, force: bool = False, p
     for name in readers:
         record_architecture_columns(url, name, family(name).read_results(results), patterns)
     return outcome
+
+
+def nothing_matches(families: list[str], patterns) -> str:
+    """What to say of patterns that match no model: the patterns of the closest names (vti_* -> vit_*)."""
+    import difflib
+
+    names = sorted({n for f in families for n in family(f).available(())})
+    close = []
+    for pattern in patterns:
+        stem = pattern.strip("*?")
+        prefixes = sorted({n[: len(stem)] for n in names})
+        close += [f"{p}*" for p in difflib.get_close_matches(stem, prefixes, n=3, cutoff=0.6)]
+    hint = f"; did you mean {', '.join(close)}?" if close else ""
+    return f"patterns {', '.join(map(repr, patterns))} match no {' or '.join(families)} model{hint}"
 
 
 def record_architecture_columns(url: str, family_name: str, results: dict, patterns=()) -> int:
