@@ -52,8 +52,11 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 
+# The first check on every change, in under 5 minutes on 2 cores: everything but the whole-zoo and long checks (slow,
+# timm_checks, sweep) and the tests of a real component they start (browser: Chromium; postgres: the PostgreSQL
+# server; distributed: torch.distributed ranks as processes). tests/conftest.py sets those three markers.
 test-fast: $(STAMP)
-	$(BIN)/python -m pytest -q -m "not slow and not sweep and not timm_checks"
+	$(BIN)/python -m pytest -q -m "not slow and not sweep and not timm_checks and not browser and not postgres and not distributed"
 
 # timm's model checks on every architecture of tests/test_timm_checks.py alone (make test runs them too); about 5 min.
 test-timm-checks: $(STAMP)

@@ -454,6 +454,7 @@ ESTIMATED = [("timm/resnet18", 4), ("timm/vit_tiny_patch16_224", 4), ("torchvisi
 
 @pytest.mark.parametrize("name,batch", ESTIMATED)
 @pytest.mark.parametrize("training", [True, False], ids=["training", "inference"])
+@pytest.mark.slow  # real training steps: 15 s, 2 minutes on a busy machine
 def test_estimate_is_within_15_percent_of_the_real_cpu_peak(zoo_at, name, batch, training):
     from zoo.build import build_real
 

@@ -303,6 +303,7 @@ def _hold_write_lock(path: Path, seconds: float) -> threading.Thread:
     return thread
 
 
+@pytest.mark.slow  # waits 8 s for a lock, by design
 def test_13_a_locked_registry_is_waited_for(writable):
     path = _path(writable)
     holder = _hold_write_lock(path, 8.0)
@@ -314,6 +315,7 @@ def test_13_a_locked_registry_is_waited_for(writable):
     assert "user/tied" not in [m.name for m in zoo.connect(writable).search()]
 
 
+@pytest.mark.slow  # waits 6 s for a lock holder, by design
 def test_13_a_lock_held_past_the_timeout_is_a_clear_error(writable):
     path = _path(writable)
     holder = _hold_write_lock(path, 6.0)
@@ -360,6 +362,7 @@ def _alive(pid: int) -> bool:
         return False
 
 
+@pytest.mark.slow  # an indexer process and its workers: 7 s
 def test_14_workers_die_with_a_killed_indexer(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(ROOT), "ZOO_REGISTRY": str(tmp_path / "r.db")}
     parent = subprocess.Popen(
@@ -484,6 +487,7 @@ def test_17_a_constructor_that_loads_its_shipped_weights_builds_and_loads_them(t
 # --- 18. a user builder in the current directory ---------------------------------------------------------
 
 
+@pytest.mark.slow  # processes: 10 s
 def test_18_a_builder_in_the_current_directory_needs_no_pythonpath(tmp_path):
     package = tmp_path / "mymodels"
     package.mkdir()

@@ -80,6 +80,7 @@ def write_config(folder: Path, name: str, config) -> str:
 # --- 3. forced meta checks a result's size before computing its shadow ----------------------------------------
 
 
+@pytest.mark.slow  # a bounded process: 9 s
 def test_3_a_large_result_of_small_shadows_is_not_computed():
     """arange(2**20) has a shadow (it is at the limit); its product with ones(1024) would be 4 GiB of float32."""
     proc = bounded("""
@@ -94,6 +95,7 @@ def test_3_a_large_result_of_small_shadows_is_not_computed():
 
 
 @pytest.mark.parametrize("rotary_dim", [64, 2048])
+@pytest.mark.slow  # a bounded process each: 10 s
 def test_3_gptj_with_a_million_positions_indexes_within_a_gib(tmp_path, rotary_dim):
     """GPT-J computes its sinusoidal position table (n_positions x rotary_dim) in its constructor."""
     config = dict(
@@ -115,6 +117,7 @@ def test_3_gptj_with_a_million_positions_indexes_within_a_gib(tmp_path, rotary_d
 # --- 4. configs are bounded: size, nesting, modules, recorded integers ------------------------------------------
 
 
+@pytest.mark.slow  # a bounded process: 10 s
 def test_4_configs_without_bounds_fail_alone_naming_the_key(tmp_path):
     """Each hostile config fails with a typed error that names what is out of bounds, within 60 s and a GiB
     for the whole run, and the good config after them is indexed."""
@@ -387,6 +390,7 @@ def test_fuzz_counts_only_zoos_typed_errors_as_typed_failures(error, typed):
     assert typed_failure(error) is typed
 
 
+@pytest.mark.slow  # six bounded `zoo index hf` processes: a minute
 def test_fuzz_hostile_configs_each_fail_alone_or_index(tmp_path):
     """Every hostile config.json ends in a recorded failure naming a typed error, or in a row, in one `zoo index hf`
     run held to a GiB beyond its imports and 60 s per config; the good config after them is always indexed."""

@@ -3,7 +3,6 @@ searchable by both search paths (bench_cpu, ...), listed by `zoo show`; a search
 is a typed error and records nothing. Real timm models at a few steps: nothing here is timed."""
 
 import os
-import shutil
 import sqlite3
 
 import pytest
@@ -11,7 +10,7 @@ import timm
 import torch
 
 import zoo
-from tests.conftest import cli_json, run_cli
+from tests.conftest import cli_json, run_cli, sqlite_copy
 from zoo.registry import db, store
 from zoo.throughput import benchmark
 
@@ -32,16 +31,14 @@ def indexed(tmp_path_factory) -> str:
         trusted={"tests"},
         inputs=[{"shape": [1, 3, 32, 32]}],
     )
-    db.compact(url)  # one self-contained file (no WAL beside it) that a test can copy
+    db.compact(url)  # one self-contained file (no WAL beside it), as a test's copy starts
     return url
 
 
 @pytest.fixture
 def registry(indexed, tmp_path) -> str:
     """A writable copy of the indexed registry per test."""
-    path = tmp_path / "r.db"
-    shutil.copy(indexed.removeprefix("sqlite:///"), path)
-    return f"sqlite:///{path}"
+    return sqlite_copy(indexed, tmp_path / "r.db")
 
 
 def _runs(url: str) -> list[tuple]:
@@ -57,6 +54,7 @@ def _cpu_model_name() -> str:
 
 
 def test_a_bench_is_recorded_at_the_rows_input_size_with_its_hardware_and_versions(registry):
+    threads = torch.get_num_threads()  # torch's default, as a fresh process has it
     (result,) = cli_json(
         "bench", "timm/vit_tiny_patch16_384", "--batch", "2", "--steps", "2", "--warmup", "1", registry=registry
     )
@@ -71,7 +69,7 @@ def test_a_bench_is_recorded_at_the_rows_input_size_with_its_hardware_and_versio
         "fp32",
     )
     assert result["versions"]["torch"] == torch.__version__ and result["versions"]["timm"] == timm.__version__
-    assert result["threads"] == torch.get_num_threads()  # the CLI's process runs torch's default, as this one
+    assert result["threads"] == threads == torch.get_num_threads()  # the CLI runs at torch's default and leaves it
     params = sum(p.numel() for p in timm.create_model("vit_tiny_patch16_384").parameters())
     assert result["peak_bytes"] >= 4 * params  # the fp32 weights were allocated during the run
     # the timed loop's wall time holds every step's time: samples/s is at most batch / mean step time
@@ -277,6 +275,7 @@ def test_a_team_registry_on_postgresql_collects_measurements(registry, pg_server
     }
 
 
+@pytest.mark.slow  # a bench process, killed: 10 s
 def test_a_killed_search_bench_resumes_with_the_models_it_had_recorded(registry):
     """SIGKILL (no cleanup runs) once the first model is recorded; the rerun skips exactly what was recorded."""
     import signal

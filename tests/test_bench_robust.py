@@ -4,12 +4,12 @@ InvalidArgument for a batch whose inputs cannot fit), never a traceback. Real ti
 (tests/bench_builders.py: forwards that raise AssertionError, IndexError, KeyError, or allocate 1 PiB)."""
 
 import json
-import shutil
 import sqlite3
 
 import pytest
 
 import zoo
+from tests.conftest import sqlite_copy
 from zoo.cli import main
 from zoo.registry import db
 from zoo.throughput import benchmark
@@ -46,14 +46,14 @@ def indexed(tmp_path_factory) -> str:
         trusted={"tests"},
         inputs=[{"shape": [1, 3, 32, 32]}],
     )
-    db.compact(url)  # one self-contained file that a test can copy
+    db.compact(url)  # one self-contained file, as a test's copy starts
     return url
 
 
 @pytest.fixture
 def registry(indexed, tmp_path) -> str:
     path = tmp_path / "r.db"
-    shutil.copy(indexed.removeprefix("sqlite:///"), path)
+    sqlite_copy(indexed, path)
     return str(path)
 
 
@@ -67,6 +67,7 @@ def _measured(path: str) -> list[str]:
         ]
 
 
+@pytest.mark.slow  # real benches: 8 s
 def test_a_search_run_records_each_failure_and_measures_the_models_after_it(registry, capsys):
     rc = main(["bench", "name~*", "--steps", "1", "--warmup", "0", "-q", "--json", "--registry", registry])
     out, err = capsys.readouterr()

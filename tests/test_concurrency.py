@@ -7,6 +7,7 @@ import subprocess
 import sys
 import time
 
+import pytest
 from sqlalchemy import create_engine, func, select
 
 from tests.conftest import ROOT
@@ -56,6 +57,7 @@ def _indexer(url: str, patterns: list[str], *options: str) -> subprocess.Popen:
     )
 
 
+@pytest.mark.slow  # indexer processes, one killed: a minute
 def test_overlapping_indexers_and_a_killed_one(backend_url):
     import timm
 
@@ -85,6 +87,7 @@ def test_overlapping_indexers_and_a_killed_one(backend_url):
     assert _check_consistent(url) == sorted(everything)
 
 
+@pytest.mark.slow  # reader and writer processes: 17 s
 def test_readers_never_see_a_half_written_model(backend_url, tmp_path):
     """Readers (search, info with its tensor table, get) in their own processes while a writer re-indexes a
     model over and over with another size each time: no reader errs, none sees a row with another version's

@@ -4,6 +4,7 @@ is known to be that module without a build of its own; these tests hold the clai
 import threading
 from collections import defaultdict
 
+import pytest
 from torch import nn
 
 from zoo.build import build_meta
@@ -98,6 +99,7 @@ TAG_CHANGES = {
 }
 
 
+@pytest.mark.slow  # 18 s
 def test_a_timm_variant_stops_at_its_architectures_construction_exactly_when_it_builds_the_same_module():
     """For two tags of every timm module, and for tags known to change what timm builds: a build stopped at the
     architecture's construction (no build of its own) is one whose full build has the architecture's structure."""

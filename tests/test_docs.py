@@ -152,6 +152,7 @@ def scratch():
 
 
 @pytest.mark.parametrize("block", [b for b in _run_blocks() if b.marker != "needs: setup"], ids=lambda b: b.where)
+@pytest.mark.slow  # each block in a fresh process: 90 s in all
 def test_the_block_runs_as_written(block: Block, scratch: Path):
     home = scratch / re.sub(r"\W", "-", block.where)
     home.mkdir()

@@ -97,6 +97,7 @@ def test_18_a_missing_local_cache_says_where_it_looked_not_cache_dir(tmp_path):
         str(tmp_path / "r.db"),
         check=False,
         env_extra={"HF_HUB_CACHE": str(tmp_path / "nowhere")},
+        process=True,  # huggingface_hub reads HF_HUB_CACHE once, at import
     )
     assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
     assert "cache_dir" not in proc.stderr and "HF_HUB_CACHE" in proc.stderr and "nowhere" in proc.stderr

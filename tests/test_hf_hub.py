@@ -289,6 +289,7 @@ def test_search_filter_and_limit_reach_the_listing(hub, tmp_path):
         registry.index_hub()
 
 
+@pytest.mark.slow  # 24 s
 def test_a_rerun_skips_finished_repos_and_retries_transient_failures(hub, tmp_path):
     state, _, _ = hub
     url = f"sqlite:///{tmp_path / 'r.db'}"
@@ -310,6 +311,7 @@ def test_a_rerun_skips_finished_repos_and_retries_transient_failures(hub, tmp_pa
     assert third.indexed == ["hf/test-org/llama-a"]
 
 
+@pytest.mark.slow  # two `zoo index hf` processes, one killed: 11 s
 def test_a_killed_run_resumes_without_redoing_finished_repos(hub, tmp_path):
     """`zoo index hf --author` killed (SIGKILL) while it waits on a repo's config.json; the rerun does the rest."""
     state, _, env = hub

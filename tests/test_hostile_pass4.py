@@ -150,6 +150,7 @@ def save_in_blocks(tensor: torch.Tensor, rows: int, cols: int, path):
     return path
 
 
+@pytest.mark.slow  # a bounded process: 15 s
 def test_38_a_tensor_in_30000_chunks_loads(tmp_path):
     """[1, 30000] saved as 30,000 [1, 1] chunks (legal: 30,000 ranks' shards): comparing every pair of chunks
     took minutes; the load is checked in a child that has two minutes for what takes seconds."""
@@ -290,13 +291,10 @@ def test_38_a_cast_load_reads_a_file_that_cannot_be_mapped(tmp_path):
 # --- 4. scan's inputs -------------------------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def resnet_registry(tmp_path_factory) -> str:
-    from zoo.indexing import indexer
-
-    url = f"sqlite:///{tmp_path_factory.mktemp('pass4') / 'r.db'}"
-    indexer.index_family(url, "timm", ["resnet18"])
-    return url
+@pytest.fixture
+def resnet_registry(small_registry) -> str:
+    """A registry holding timm/resnet18 (the session's small registry, which these tests only read)."""
+    return small_registry
 
 
 @pytest.mark.parametrize(

@@ -75,6 +75,7 @@ def test_a_failing_build_is_recorded_not_raised(backend_url):
         zoo.connect(fresh_url).get("user/broken")
 
 
+@pytest.mark.slow  # indexes every vit_*: 25 s and more
 def test_killed_indexer_leaves_a_consistent_database_and_a_rerun_completes(fresh_url):
     cmd = [sys.executable, "-m", "zoo.cli", "--registry", fresh_url, "index", "timm", "vit_*", "-j", "2", "-q"]
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
@@ -96,6 +97,7 @@ def test_killed_indexer_leaves_a_consistent_database_and_a_rerun_completes(fresh
     _consistent(fresh_url)
 
 
+@pytest.mark.slow  # two indexer processes: 25 s and more
 def test_two_indexers_at_once_lose_and_duplicate_nothing(fresh_url):
     from zoo.registry import db
 

@@ -44,7 +44,11 @@ def cache_off(monkeypatch):
     return off
 
 
-@pytest.mark.parametrize("fam,builder", MODELS, ids=[b for _, b in MODELS])
+@pytest.mark.parametrize(
+    "fam,builder",
+    # sequencer2d_s (LSTMs) takes 12 s: slow
+    [pytest.param(f, b, id=b, marks=pytest.mark.slow if b == "sequencer2d_s" else ()) for f, b in MODELS],
+)
 def test_analysis_is_the_same_with_and_without_the_cache(fam, builder, cache_off):
     module, spec = _module(fam, builder)
     cache_off()

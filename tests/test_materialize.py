@@ -680,12 +680,10 @@ def test_check_cli_needs_no_torch_for_safetensors(small_registry, tmp_path):
     subprocess.run([sys.executable, "-c", code], check=True, env=env, cwd=ROOT)
 
 
-def test_weights_by_tag_are_sha256_checked(tmp_path):
-    from tests.conftest import cli_json, run_cli
-    from zoo.indexing import indexer
+def test_weights_by_tag_are_sha256_checked(small_registry, tmp_path):
+    from tests.conftest import cli_json, run_cli, sqlite_copy
 
-    url = f"sqlite:///{tmp_path / 'reg.db'}"
-    indexer.index_family(url, "timm", ["resnet18"])
+    url = sqlite_copy(small_registry, tmp_path / "reg.db")  # timm/resnet18 among others, a copy this test writes
     registry = zoo.connect(url)
     eager = eager_model("timm/resnet18")
     path = save(tmp_path, eager)
@@ -759,6 +757,7 @@ def _fsdp_rank(rank, world, init_file, weights, out_dir):
         dist.destroy_process_group()
 
 
+@pytest.mark.distributed  # ranks spawned as processes
 def test_fsdp2_fully_shard_on_meta_then_materialize_loads_each_ranks_rows(zoo_at, tmp_path):
     """fully_shard applied to the meta module (2 CPU ranks, gloo): each rank allocates and reads only its
     rows, parameters keep their identity, and the gathered state and forward equal the eager model's."""

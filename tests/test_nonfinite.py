@@ -6,7 +6,6 @@ it reads as missing: searches and sorts go by the other runs, every page answers
 import csv
 import json
 import math
-import shutil
 import sqlite3
 
 import pytest
@@ -14,6 +13,7 @@ from sqlalchemy import create_engine, text
 from sqlalchemy.pool import NullPool
 
 import zoo
+from tests.conftest import sqlite_copy
 from tests.web_support import serving_app
 from zoo.cli import main
 from zoo.columns import BY_NAME
@@ -51,29 +51,17 @@ def strict(text: str):
     return json.loads(text, parse_constant=lambda constant: pytest.fail(f"{constant} in JSON output"))
 
 
-@pytest.fixture(scope="module")
-def template(tmp_path_factory) -> str:
-    from zoo.indexing import indexer
-    from zoo.recipe import Recipe
-
-    url = f"sqlite:///{tmp_path_factory.mktemp('nonfinite') / 'r.db'}"
-    indexer.index_one(
-        url,
-        "user/conv",
-        Recipe("user", "tests.builders:conv_net"),
-        trusted={"tests"},
-        inputs=[{"shape": [1, 3, 32, 32]}],
-    )
-    indexer.index_one(url, "user/tied", Recipe("user", "tests.builders:tied_net"), trusted={"tests"})
-    db.compact(url)
-    return url
+@pytest.fixture
+def template(conv_and_tied) -> str:
+    """user/conv (with its input spec) and user/tied, compacted: tests/conftest.py's session registry, read-only."""
+    return conv_and_tied
 
 
 @pytest.fixture
 def registry(template, backend_url) -> str:
     """The template's two models in a fresh registry on each backend."""
     if backend_url.startswith("sqlite"):
-        shutil.copy(template.removeprefix("sqlite:///"), backend_url.removeprefix("sqlite:///"))
+        sqlite_copy(template, backend_url.removeprefix("sqlite:///"))
     else:
         zoo.connect(template).copy_to(backend_url)
     return backend_url
@@ -228,7 +216,7 @@ def test_db_copy_refuses_a_registry_with_a_bad_number(registry, table, capsys, t
 @pytest.mark.parametrize("bad", [math.inf, math.nan, -1.0, 0.0, "fast"])
 def test_a_bench_result_that_is_no_positive_finite_number_is_not_recorded(template, tmp_path, bad):
     path = tmp_path / "r.db"
-    shutil.copy(template.removeprefix("sqlite:///"), path)
+    sqlite_copy(template, path)
     z = zoo.connect(str(path))
     run = benchmark.run(z, "user/conv", steps=1, warmup=0, record=False)  # a real run's values
     values = {k: v for k, v in run.items() if k not in ("name", "skipped")}
@@ -241,7 +229,7 @@ def test_a_bench_result_that_is_no_positive_finite_number_is_not_recorded(templa
 
 def test_a_model_row_with_a_number_that_is_not_finite_is_refused(template, tmp_path):
     path = tmp_path / "r.db"
-    shutil.copy(template.removeprefix("sqlite:///"), path)
+    sqlite_copy(template, path)
     record = {
         "name": "user/odd",
         "family": "user",

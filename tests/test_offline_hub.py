@@ -67,6 +67,7 @@ def _said_unreachable(text: str, endpoint: str) -> None:
     assert "Retrying" not in text, text
 
 
+@pytest.mark.slow  # a process per hub: 11 s
 def test_16_pretrained_timm_weights_with_the_hub_unreachable_fail_at_once(dead_hub, tmp_path):
     endpoint, hole = dead_hub
     code = "import zoo; zoo.get('timm/resnet18.a1_in1k', weights='pretrained')"
@@ -84,6 +85,7 @@ def test_16_pretrained_timm_weights_with_the_hub_unreachable_fail_at_once(dead_h
         assert hole.accepted == 1  # one probe, no retry loop
 
 
+@pytest.mark.slow  # a process per hub: 8 s
 def test_16_index_hf_repo_with_the_hub_unreachable_fails_at_once(dead_hub, tmp_path):
     endpoint, hole = dead_hub
     proc = run_cli(
@@ -96,6 +98,7 @@ def test_16_index_hf_repo_with_the_hub_unreachable_fails_at_once(dead_hub, tmp_p
         check=False,
         timeout=180,
         env_extra=_env(endpoint, tmp_path),
+        process=True,  # huggingface_hub reads HF_ENDPOINT and HF_HOME once, at import
     )
     assert proc.returncode == 1
     _said_unreachable(proc.stdout + proc.stderr, endpoint)

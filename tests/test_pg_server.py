@@ -12,6 +12,8 @@ import pytest
 from tests import pg
 from tests.conftest import ROOT
 
+pytestmark = pytest.mark.postgres  # starts servers of its own with tests/pg.py, not through pg_server
+
 # A test run in miniature: start a server, say where it is, wait to be killed. SIGINT as a terminal's Ctrl-C
 # delivers it: a starter spawned while the test process ignores or blocks it (a job started in the background
 # of a non-interactive shell ignores it) would inherit that, and never see the signal this test sends.

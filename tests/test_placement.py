@@ -132,6 +132,7 @@ def _parallel_rank(rank, world, init_file, path, failures):
         dist.destroy_process_group()
 
 
+@pytest.mark.distributed  # ranks spawned as processes
 @pytest.mark.parametrize("world", [2, 4])
 def test_tensor_parallel_and_fsdp2_over_tp_load_each_ranks_part_on_gloo(tmp_path, world):
     """Parallelized while on meta, then materialized (from a file, a state dict and a DCP checkpoint that

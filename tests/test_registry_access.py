@@ -230,6 +230,7 @@ def _digest(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
+@pytest.mark.slow  # processes of an installed copy: 8 s
 def test_28_14_writes_to_the_shipped_registry_are_refused_unless_it_is_named(installed, tmp_path):
     from safetensors.torch import save_file
 

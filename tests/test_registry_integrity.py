@@ -27,6 +27,8 @@ from tests.builders import conv_net
 from tests.conftest import ROOT, run_cli
 
 BROKEN = ("malformed", "disk I/O error", "database disk image")
+# Every `zoo` here runs as a process of its own (process=True): the damage came from a writer process exiting,
+# the last user of the file it saw, which checkpoints and deletes the WAL; an in-process run never exits.
 
 
 @pytest.fixture
@@ -53,16 +55,19 @@ def _integrity(path: str) -> list:
 
 
 def _names_seen_by_a_fresh_process(path: str) -> set[str]:
-    out = run_cli("search", "", "--limit", "0", "--json", registry=path).stdout
+    out = run_cli("search", "", "--limit", "0", "--json", registry=path, process=True).stdout
     return {row["name"] for row in json.loads(out)}
 
 
+@pytest.mark.slow  # CLI writer processes: 5 s
 def test_a_long_lived_process_reads_every_write_of_two_cli_writers(shared_registry):
     Z = zoo.connect(shared_registry)
     Z.remove("torchvision/mobilenet_v3_small")  # an in-process write: the file is in WAL, the connection pooled
     assert Z.info("timm/resnet18").name == "timm/resnet18"  # the fast reader
     for i in range(2):  # each exits and may be the last user of the file it sees
-        run_cli("index", "builder", "tests.builders:tied_net", "--name", f"w{i}", registry=shared_registry)
+        run_cli(
+            "index", "builder", "tests.builders:tied_net", "--name", f"w{i}", registry=shared_registry, process=True
+        )
     assert {r.name for r in Z.search("family=user")} == {"user/w0", "user/w1"}
     assert [Z.info(f"user/w{i}").name for i in range(2)] == ["user/w0", "user/w1"]
     with pytest.raises(zoo.ModelNotFound):  # through the SQLAlchemy path: its did-you-mean
@@ -71,12 +76,15 @@ def test_a_long_lived_process_reads_every_write_of_two_cli_writers(shared_regist
         Z.info("torchvision/mobilenet_v3_small")
 
 
+@pytest.mark.slow  # CLI writer processes: 7 s
 def test_a_write_after_the_cli_writers_reaches_the_file_intact(shared_registry):
     Z = zoo.connect(shared_registry)
     Z.remove("torchvision/mobilenet_v3_small")
     Z.info("timm/resnet18")
     for i in range(2):
-        run_cli("index", "builder", "tests.builders:tied_net", "--name", f"w{i}", registry=shared_registry)
+        run_cli(
+            "index", "builder", "tests.builders:tied_net", "--name", f"w{i}", registry=shared_registry, process=True
+        )
     assert Z.remove("timm/efficientnet_b0") == "timm/efficientnet_b0"
     zoo.cache_clear()  # closes this process's connections: a stale WAL would be written back now
     assert _integrity(shared_registry) == [("ok",)]
@@ -94,6 +102,7 @@ con.close()
 """
 
 
+@pytest.mark.slow  # a bench search with processes beside it
 def test_each_run_of_a_bench_search_is_seen_by_other_processes_as_it_goes(shared_registry):
     """A bench search (long-running: a write per model, reads between) while, after each model, a misspelt
     `zoo show` (its did-you-mean) and a plain sqlite3 reader run beside it, as the issue found them: each sees
@@ -105,7 +114,7 @@ def test_each_run_of_a_bench_search_is_seen_by_other_processes_as_it_goes(shared
     seen = []
 
     def report(name, done, total, result):
-        typo = run_cli("show", "timm/resnt18", registry=shared_registry, check=False)
+        typo = run_cli("show", "timm/resnt18", registry=shared_registry, check=False, process=True)
         runs = subprocess.run(
             [sys.executable, "-c", RUNS, shared_registry, name], capture_output=True, text=True, env=env, timeout=60
         )
@@ -147,6 +156,7 @@ def _cli_writer(url: str, until: float, acked: list, problems: list) -> None:
             "--input",
             "1,3,32,32",
             check=False,
+            process=True,
         )
         if proc.returncode == 0:
             acked.append(["present", name])
@@ -154,13 +164,13 @@ def _cli_writer(url: str, until: float, acked: list, problems: list) -> None:
             problems.append(f"zoo index builder exited {proc.returncode}: {proc.stderr[-500:]}")
         if i % 2 == 0:
             gone = f"user/cli-{i - 1}"
-            proc = run_cli("--registry", url, "rm", gone, check=False)
+            proc = run_cli("--registry", url, "rm", gone, check=False, process=True)
             (
                 acked.append(["absent", gone])
                 if proc.returncode == 0
                 else problems.append(f"zoo rm exited {proc.returncode}: {proc.stderr[-500:]}")
             )
-        proc = run_cli("--registry", url, "show", "user/cli-typo", check=False)
+        proc = run_cli("--registry", url, "show", "user/cli-typo", check=False, process=True)
         if proc.returncode == 0 or any(word in proc.stderr for word in BROKEN):
             problems.append(f"zoo show of a misspelt name exited {proc.returncode}: {proc.stderr[-500:]}")
 

@@ -136,6 +136,7 @@ def test_the_bench_script_reports_every_device_on_the_shipped_registry():
     assert all(column in text for column in THROUGHPUT)
 
 
+@pytest.mark.slow  # 7 s
 def test_families_can_be_timm_entrypoint_modules():
     # some of deit's entrypoints (timm.models.deit) build VisionTransformer (timm.models.vision_transformer)
     script = [sys.executable, str(ROOT / "bench" / "predict_throughput.py"), "--json"]

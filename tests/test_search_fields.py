@@ -2,41 +2,27 @@
 best recorded run, as the search compares it) and a predicted one (pred_*: zoo.throughput.roofline, as `zoo show` prints
 it); anything else for `fields` is zoo's InvalidArgument naming the argument. On both backends and both read paths."""
 
-import shutil
-
 import pytest
 
 import zoo
+from tests.conftest import sqlite_copy
 from zoo.throughput import benchmark
 from zoo.throughput.roofline import PREDICTED, predicted
 
 PRED = next(iter(PREDICTED))
 
 
-@pytest.fixture(scope="module")
-def template(tmp_path_factory) -> str:
-    from zoo.indexing import indexer
-    from zoo.recipe import Recipe
-    from zoo.registry import db
-
-    url = f"sqlite:///{tmp_path_factory.mktemp('fields') / 'r.db'}"
-    indexer.index_one(
-        url,
-        "user/conv",
-        Recipe("user", "tests.builders:conv_net"),
-        trusted={"tests"},
-        inputs=[{"shape": [1, 3, 32, 32]}],
-    )
-    indexer.index_one(url, "user/tied", Recipe("user", "tests.builders:tied_net"), trusted={"tests"})
-    db.compact(url)
-    return url
+@pytest.fixture
+def template(conv_and_tied) -> str:
+    """user/conv (with its input spec) and user/tied, compacted: tests/conftest.py's session registry, read-only."""
+    return conv_and_tied
 
 
 @pytest.fixture
 def registry(template, backend_url) -> str:
     """The template's models on each backend, user/conv measured once (a real run)."""
     if backend_url.startswith("sqlite"):
-        shutil.copy(template.removeprefix("sqlite:///"), backend_url.removeprefix("sqlite:///"))
+        sqlite_copy(template, backend_url.removeprefix("sqlite:///"))
     else:
         zoo.connect(template).copy_to(backend_url)
     zoo.bench("user/conv", registry=zoo.connect(backend_url), steps=1, warmup=0)

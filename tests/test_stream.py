@@ -319,6 +319,7 @@ def _fsdp_cuda_rank(rank, world, init_file, path, out_dir):
         dist.destroy_process_group()
 
 
+@pytest.mark.distributed  # ranks spawned as processes
 @needs_cuda
 def test_cuda_fsdp2_each_rank_reads_its_rows_onto_its_device(zoo_at, tmp_path):
     """One process per GPU (two when there are two): each allocates and reads only its rows."""

@@ -106,6 +106,7 @@ def _rows(url: str) -> dict:
     return {r["name"]: {k: v for k, v in r.items() if k not in ("id", "indexed_at")} for r in rows}
 
 
+@pytest.mark.slow  # indexes twice over: 7 s
 def test_index_installed_records_what_the_four_family_runs_record(tmp_path):
     """`zoo index installed` (architectures and variants of timm and torchvision in one run, each architecture
     followed by its variants in one worker) gives the same rows as indexing each family and then its variants (each

@@ -58,6 +58,7 @@ def wait_for(condition, what: str, limit_s: float = 60):
         time.sleep(0.05)
 
 
+@pytest.mark.slow  # 6 s
 def test_heavy_requests_past_the_bound_get_503_and_cheap_ones_are_still_answered(gated):
     url, gate, started = gated
     answers: list[tuple] = []
@@ -85,6 +86,7 @@ def test_heavy_requests_past_the_bound_get_503_and_cheap_ones_are_still_answered
     assert sorted(status for status, _, _ in answers) == [200] * admitted + [503] * (HEAVY - admitted)
 
 
+@pytest.mark.slow  # a server process: 5 s
 def test_headers_that_trickle_in_past_the_deadline_end_the_connection(small_registry):
     from zoo.web.server import guarded_protocol
 
@@ -123,6 +125,7 @@ def _few_files():
     resource.setrlimit(resource.RLIMIT_NOFILE, (256, 256))
 
 
+@pytest.mark.slow  # a server process: 4 s
 def test_half_open_connections_past_the_file_limit_neither_lock_clients_out_nor_stay(small_registry, tmp_path):
     port = _free_port()
     # its log to a file: asyncio logs each accept() that finds no file left, and a full pipe would block it
@@ -196,6 +199,7 @@ def test_heavy_work_runs_in_a_worker_process_that_a_cheap_request_does_not_wait_
     wait_for(lambda: not _alive(worker), "the worker outlived the server")
 
 
+@pytest.mark.slow  # 4 s
 def test_a_worker_killed_mid_request_is_a_clear_500_and_the_next_heavy_request_gets_a_new_one(gated):
     url, gate, started = gated
     answers: list[tuple] = []

@@ -91,6 +91,7 @@ def _check_model(family_name: str, builder: str) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1800)  # every timm model: 11 minutes on a busy 2-core machine, 16 in one CI run
 @pytest.mark.parametrize("family_name", ["timm", "torchvision"])
 def test_every_model_builds_through_zoo_and_matches_its_row(family_name):
     builders = family(family_name).available()
@@ -122,6 +123,7 @@ def _check_variant(family_name: str, name: str) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1800)  # every timm model: 11 minutes on a busy 2-core machine, 16 in one CI run
 @pytest.mark.parametrize("family_name", ["timm", "torchvision"])
 def test_every_pretrained_variant_matches_its_plain_build(family_name):
     """Every variant row of the shipped registry: timm's against a plain timm.create_model(tag), torchvision's
