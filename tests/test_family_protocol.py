@@ -1,8 +1,8 @@
 """The family protocol (zoo.families.base): a family written in one file, tests/toy_family.py, is indexed,
 searched, gotten, materialized, estimated and shown by zoo with no other file touched. Adding it is
 
-    tests/toy_family.py | 41 +++++++++++++++++++++++++++++++++++++++++
-    1 file changed, 41 insertions(+)
+    tests/toy_family.py | 46 ++++++++++++++++++++++++++++++++++++++++++++++
+    1 file changed, 46 insertions(+)
 
 and naming it in zoo.families.FAMILIES (here at run time; a shipped family is a line there)."""
 

@@ -34,6 +34,7 @@ LAYERS = [
     ["zoo.registry"],
     ["zoo.indexing"],  # the record of a row, the indexers, the hub listing
     ["zoo.load"],  # weights= resolved, .materialize and the lazy load: below the api, which binds them
+    ["zoo.recording"],  # the write half of zoo.api.Zoo: indexing, weights tags, the schema
     ["zoo.api", "zoo.throughput"],  # benchmark; roofline and measured (pure) sit in the first layer
     ["zoo", "zoo.cli", "zoo.web"],  # readers at the top: the CLI and the web catalog, both through zoo.api
 ]
@@ -203,10 +204,10 @@ def test_one_module_compiles_the_search_tree_to_sql():
 def test_every_family_implements_the_protocol_with_its_signatures(name):
     """zoo.families.base.Family, names and signatures (a family module is checked as a class would be); "toy" is
     tests/toy_family.py, the one-file family of tests/test_family_protocol.py."""
-    from zoo.families import FAMILIES, family
+    from zoo.families import FAMILIES, WithDefaults, family
     from zoo.families.base import Family
 
-    fam = family(name) if name in FAMILIES else importlib.import_module("tests.toy_family")
+    fam = family(name) if name in FAMILIES else WithDefaults(importlib.import_module("tests.toy_family"))
     assert isinstance(fam, Family)
     assert [a for a in Family.__annotations__ if not hasattr(fam, a)] == []
     for hook, declared in vars(Family).items():
@@ -351,3 +352,31 @@ def test_cache_clear_empties_every_cache():
     zoo.cache_clear()
     assert {name: size for name, (size, _) in zoo.caches().items() if size} == {}
     assert zoo.get("timm/resnet18") is not None  # and everything rebuilds after
+
+
+def _public_api() -> dict[str, object]:
+    """zoo's public functions and every public method of Zoo, by name."""
+    import zoo
+    from zoo.api import Zoo
+
+    functions = {n: getattr(zoo, n) for n in zoo.__all__ if inspect.isfunction(getattr(zoo, n))}
+    methods = {f"Zoo.{n}": f for n, f in vars(Zoo).items() if inspect.isfunction(f) and not n.startswith("_")}
+    from zoo.recording import Recording
+
+    methods |= {f"Zoo.{n}": f for n, f in vars(Recording).items() if inspect.isfunction(f) and not n.startswith("_")}
+    return functions | methods
+
+
+def test_every_public_function_and_method_documents_its_arguments_result_and_errors():
+    """The API reference (docs/reference/python.md, from docstrings) says of each: Args (when it takes any),
+    Returns and Raises, in the Google style mkdocstrings renders."""
+    api = _public_api()
+    assert {"get", "search", "estimate", "Zoo.get", "Zoo.index_family", "Zoo.add_weights"} <= set(api)
+    undocumented = []
+    for name, function in api.items():
+        doc = inspect.getdoc(function) or ""
+        takes = [p for p in inspect.signature(function).parameters if p != "self"]
+        sections = ["Returns:", "Raises:"] + (["Args:"] if takes else [])
+        undocumented += [f"{name}: {s}" for s in sections if f"\n{s}\n" not in f"\n{doc}\n"]
+        undocumented += [f"{name}: {p}" for p in takes if not re.search(rf"^    \**{p}:", doc, re.MULTILINE)]
+    assert undocumented == []

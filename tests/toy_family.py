@@ -3,22 +3,6 @@
 
 from zoo.errors import UntrustedBuilder
 from zoo.families import torch_version
-from zoo.families.base import (  # noqa: F401 - the protocol's answers it takes as they are
-    BUILDS,
-    CONSTRUCTION_DECIDES,
-    INPUTS_RECORDED,
-    LANGUAGE_MODEL,
-    PRETRAINED,
-    PUBLISHED_RESULTS,
-    architecture_columns,
-    load_arguments,
-    preprocess,
-    read_results,
-    results_folder,
-    tokenize,
-    variant_name,
-    weights_tag,
-)
 
 NAME = "toy"
 

@@ -52,71 +52,186 @@ if TYPE_CHECKING:
     from zoo.weights.fit import Fit
 
 
-def get(name: str, **options) -> nn.Module:
-    """The model as an nn.Module of its own class, every tensor on meta (see Zoo.get)."""
-    return Zoo().get(name, **options)
+def get(name: str, registry: str | Zoo | None = None, **options) -> nn.Module:
+    """The model as an nn.Module of its own class, every tensor on meta, with .materialize() to load it.
+
+    Args:
+        name: the model ("timm/resnet50", or a unique short name).
+        registry: a URL, path or Zoo; default $ZOO_REGISTRY, else the shipped registry.db.
+        **options: those of Zoo.get: weights, device, dtype, dispatch ("now" or "lazy"), constructor overrides.
+
+    Returns:
+        The module, materialized when weights or device is given (at once, or at first use with "lazy").
+
+    Raises:
+        ModelNotFound, AmbiguousName, NotBuildable, BuildFailed, InvalidArgument, WeightsMismatch,
+        CheckpointError, MaterializeError: as Zoo.get.
+
+    Example:
+        >>> zoo.get("timm/resnet50").fc
+        Linear(in_features=2048, out_features=1000, bias=True)
+    """
+    return _registry(registry).get(name, **options)
 
 
-def info(name: str, tensors: bool = False) -> ModelInfo:
-    """The recorded metadata of a model, without importing torch (see Zoo.info)."""
-    return Zoo().info(name, tensors)
+def info(name: str, tensors: bool = False, registry: str | Zoo | None = None) -> ModelInfo:
+    """A model's recorded metadata, without importing torch.
+
+    Args:
+        name: the model.
+        tensors: add its tensor table.
+        registry: a URL, path or Zoo; default $ZOO_REGISTRY, else the shipped registry.db.
+
+    Returns:
+        The ModelInfo.
+
+    Raises:
+        ModelNotFound, AmbiguousName, RegistryNotFound: as Zoo.info.
+
+    Example:
+        >>> zoo.info("timm/resnet50").params
+        25557032
+    """
+    return _registry(registry).info(name, tensors)
 
 
-def check(name: str, weights, key_map=None) -> Fit:
-    """How a checkpoint fits a model, from metadata alone (see Zoo.check)."""
-    return Zoo().check(name, weights, key_map)
+def check(name: str, weights, key_map=None, registry: str | Zoo | None = None) -> Fit:
+    """How a checkpoint fits a model, from metadata alone (no tensor data read).
+
+    Args:
+        name: the model.
+        weights: a file, directory, recorded tag or hf:// reference.
+        key_map: checkpoint key -> the model's name (a dict or a function; None skips a key).
+        registry: a URL, path or Zoo; default $ZOO_REGISTRY, else the shipped registry.db.
+
+    Returns:
+        A Fit (matched, missing, unexpected, misshaped; .exact, .loads).
+
+    Raises:
+        ModelNotFound, BuildFailed, CheckpointError: as Zoo.check.
+
+    Example:
+        >>> zoo.check("timm/resnet18", "resnet18.safetensors").exact
+        True
+    """
+    return _registry(registry).check(name, weights, key_map)
 
 
 def search(
-    expression=None, order_by: str | None = None, limit: int | None = None, fields=None
+    expression=None,
+    order_by: str | None = None,
+    limit: int | None = None,
+    fields=None,
+    registry: str | Zoo | None = None,
 ) -> list[ModelInfo] | list[dict]:
-    """Every model matching e.g. "params<7e9 and family=timm" or F.params < 7e9 (see Zoo.search)."""
-    return Zoo().search(expression, order_by, limit, fields)
+    """Every model matching a search, from the registry alone (torch is never imported).
+
+    Args:
+        expression: "params<7e9 and family=timm and name~'vit_*'", or F.params < 7e9; None: every model.
+        order_by: a field, "-field" for descending.
+        limit: the first `limit` matches only.
+        fields: field names: a dict of just those per model instead of a ModelInfo.
+        registry: a URL, path or Zoo; default $ZOO_REGISTRY, else the shipped registry.db.
+
+    Returns:
+        A list of ModelInfo, or of dicts with `fields`.
+
+    Raises:
+        SearchSyntaxError, InvalidComparison, InvalidArgument, RegistryNotFound: as Zoo.search.
+
+    Example:
+        >>> [m.name for m in zoo.search("top1>85 and params<30M", order_by="-top1", limit=1)]
+        ['timm/tiny_vit_21m_512.dist_in22k_ft_in1k']
+    """
+    return _registry(registry).search(expression, order_by, limit, fields)
 
 
 def scan(name_or_module, *inputs_or_shapes, registry: str | Zoo | None = None, **options) -> Scan:
-    """Per-module output shapes and dtypes from one forward on meta, no weights (see zoo.analysis.scan)."""
+    """Every submodule's output shapes and dtypes from one forward on meta, no weights.
+
+    Args:
+        name_or_module: a model's name, or a module from zoo.get.
+        *inputs_or_shapes: tensors or shapes, or a text for a registered hf model; none: the recorded input.
+        registry: a URL, path or Zoo; default $ZOO_REGISTRY, else the shipped registry.db.
+        **options: those of zoo.analysis.scan.
+
+    Returns:
+        A Scan: a row per submodule.
+
+    Raises:
+        ModelNotFound, AnalysisError, TokenizerNotCached: as Zoo.scan.
+
+    Example:
+        >>> zoo.scan("timm/resnet18")["fc"].outputs
+        [['', [1, 1000], 'float32']]
+    """
     return _registry(registry).scan(name_or_module, *inputs_or_shapes, **options)
 
 
-def estimate(
-    name_or_module,
-    batch: int = 1,
-    dtype="bf16",
-    training: bool = False,
-    optimizer: str = "adamw",
-    seq_len: int | None = None,
-    registry: str | Zoo | None = None,
-    kv_dtype=None,
-    weights_dtype=None,
-    group_size: int = 128,
-    checkpointing: bool = False,
-) -> Estimate:
-    """Bytes for weights, gradients, optimizer states, KV cache and activations, measured on meta (see
-    zoo.analysis.estimate): kv_dtype="fp8" for the cache, weights_dtype="int8"|"int4"|"fp8" for weight-only
-    quantization (int8/int4 with group_size), checkpointing=True for training with activation checkpointing."""
-    return _registry(registry).estimate(
-        name_or_module,
-        batch=batch,
-        dtype=dtype,
-        training=training,
-        optimizer=optimizer,
-        seq_len=seq_len,
-        kv_dtype=kv_dtype,
-        weights_dtype=weights_dtype,
-        group_size=group_size,
-        checkpointing=checkpointing,
-    )
+def estimate(name_or_module, registry: str | Zoo | None = None, **options) -> Estimate:
+    """Bytes for weights, gradients, optimizer states, KV cache and activations, measured on meta.
+
+    Args:
+        name_or_module: a model's name, or a module from zoo.get.
+        registry: a URL, path or Zoo; default $ZOO_REGISTRY, else the shipped registry.db.
+        **options: zoo.analysis.memory.EstimateOptions: batch, dtype, training, optimizer, seq_len, kv_dtype,
+            weights_dtype, group_size, checkpointing.
+
+    Returns:
+        An Estimate: each term in bytes, their total and the peak.
+
+    Raises:
+        InvalidArgument, AnalysisError, ModelNotFound: as Zoo.estimate.
+
+    Example:
+        >>> zoo.estimate("timm/resnet50", batch=32, dtype="fp32", training=True, optimizer="sgd").total > 0
+        True
+    """
+    return _registry(registry).estimate(name_or_module, **options)
 
 
-def transform(name: str, train: bool = False, test_size: bool = False):
-    """The torchvision transform a model's weights expect, built without the model (see Zoo.transform)."""
-    return Zoo().transform(name, train=train, test_size=test_size)
+def transform(name: str, train: bool = False, test_size: bool = False, registry: str | Zoo | None = None):
+    """The torchvision transform a model's weights expect, built without the model.
+
+    Args:
+        name: the model.
+        train: the training transform instead of evaluation's.
+        test_size: at the published test size instead of the input size.
+        registry: a URL, path or Zoo; default $ZOO_REGISTRY, else the shipped registry.db.
+
+    Returns:
+        A torchvision transform (PIL image -> normalized tensor).
+
+    Raises:
+        ModelNotFound, InvalidArgument: as Zoo.transform.
+
+    Example:
+        >>> type(zoo.transform("timm/resnet50.a1_in1k")).__name__
+        'Compose'
+    """
+    return _registry(registry).transform(name, train=train, test_size=test_size)
 
 
 def bench(name: str, registry: str | Zoo | None = None, **options) -> dict:
-    """Measure a model's throughput on this machine (device, batch, dtype, train, steps, warmup, compile,
-    channels_last) and record the run in the registry, which must be writable (see zoo.throughput.benchmark.run)."""
+    """Measure a model's throughput on this machine and record the run in the registry (which must be writable).
+
+    Args:
+        name: the model.
+        registry: a URL, path or Zoo; default $ZOO_REGISTRY, else the shipped registry.db.
+        **options: zoo.throughput.benchmark.BenchOptions: device, batch, dtype, train, steps, warmup, compile,
+            channels_last.
+
+    Returns:
+        The recorded run: samples per second, the configuration, the machine.
+
+    Raises:
+        InvalidArgument: a bad option; BenchFailed: the model cannot run there (out of memory, no device);
+        ModelNotFound; RegistryError: the registry cannot be written.
+
+    Example:
+        >>> zoo.bench("timm/resnet18", registry="my.db", batch=8, steps=5)["samples_per_s"] > 0
+        True
+    """
     from zoo.throughput.benchmark import run
 
     return run(_registry(registry), name, **options)

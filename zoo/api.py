@@ -4,17 +4,17 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
-from pathlib import Path
 from typing import TYPE_CHECKING, overload
 
-from zoo.columns import BY_NAME, check_name, name_part
-from zoo.constants import refuse_unnamed_write, registry_named, registry_url
-from zoo.errors import BuildFailed, InvalidArgument, NotBuildable, WeightsMismatch
+from zoo.columns import BY_NAME, check_name
+from zoo.constants import registry_named, registry_url
+from zoo.errors import BuildFailed, InvalidArgument, NotBuildable
 from zoo.families import family
 from zoo.load import LazyLoad, bind, constructor_files, row_of, weights_file
 from zoo.model_info import ModelInfo
 from zoo.query import check_fields
 from zoo.recipe import Recipe
+from zoo.recording import Recording
 from zoo.state import ZooState
 
 
@@ -37,11 +37,10 @@ if TYPE_CHECKING:  # torch only when a module is built
     from torch import nn
 
     from zoo.analysis import Estimate, Scan
-    from zoo.indexing.indexer import Outcome
     from zoo.weights.fit import Fit
 
 
-class Zoo:
+class Zoo(Recording):
     """A registry at a SQLAlchemy URL (or file path); the shipped registry.db by default."""
 
     def __init__(self, url: str | None = None):
@@ -53,19 +52,38 @@ class Zoo:
     def __str__(self) -> str:  # the URL as messages show it: no password
         return db.masked(self.url)
 
-    @property
-    def _writable(self) -> str:
-        """The URL to write: the shipped registry only when it is named (zoo.constants.refuse_unnamed_write)."""
-        return self.url if self._named else refuse_unnamed_write()
-
     def exists(self) -> bool:
-        """Whether the registry is there (a SQLite file exists; a server database is taken to)."""
+        """Whether the registry is there: a SQLite file exists (a server database is taken to).
+
+        Returns:
+            True when it can be opened for reading.
+
+        Raises:
+            Nothing: a missing file is False.
+        """
         return db.exists(self.url)
 
     # --- find ---------------------------------------------------------------------------------
 
     def info(self, name: str, tensors: bool = False) -> ModelInfo:
-        """The recorded metadata of a model, without importing torch; tensors=True adds its tensor table."""
+        """A model's recorded metadata, from the registry alone (torch is never imported).
+
+        Args:
+            name: "timm/resnet50", or a unique short name ("resnet50").
+            tensors: add its tensor table (name, shape, dtype, bytes of every parameter and buffer, ties).
+
+        Returns:
+            The ModelInfo (every search field an attribute).
+
+        Raises:
+            ModelNotFound: no such model (close names suggested).
+            AmbiguousName: a short name of several models (they are named).
+            RegistryNotFound: no registry at the URL.
+
+        Example:
+            >>> zoo.info("timm/resnet50").params
+            25557032
+        """
         return self._row(name, tensors)[0]
 
     @overload
@@ -83,10 +101,29 @@ class Zoo:
         limit: int | None = None,
         fields: Iterable[str] | None = None,
     ) -> list[ModelInfo] | list[dict]:
-        """Every model matching a search string or F-expression (or the first `limit`), by name or by
-        order_by: a field, "-field" for descending ("-params"). fields=("name", "params", ...): a dict of
-        just those fields per model instead of a ModelInfo (faster); any field the search takes, a measured
-        one (bench_cpu: the best recorded run) or a predicted one (pred_*) too."""
+        """Every model matching a search, from the registry alone, in milliseconds.
+
+        Args:
+            expression: a search string ("params<7e9 and family=timm and name~'vit_*'"; `zoo search --fields` lists
+                the fields) or an F-expression (F.params < 7e9); None: every model.
+            order_by: a field, "-field" for descending ("-params"); default: by name.
+            limit: the first `limit` matches only.
+            fields: field names: a dict of just those per model instead of a ModelInfo (faster); a measured field
+                (bench_cpu: the best recorded run) or a predicted one (pred_*) too.
+
+        Returns:
+            A list of ModelInfo, or of dicts with `fields`.
+
+        Raises:
+            SearchSyntaxError: a malformed search (with the column of the error), an unknown field (close ones
+                named); InvalidComparison: a value of the wrong kind for its field.
+            InvalidArgument: a bad limit, order_by or field name.
+            RegistryNotFound: no registry at the URL.
+
+        Example:
+            >>> [m.name for m in zoo.search("params<3e6 and family=timm", order_by="-params", limit=2)]
+            ['timm/efficientvit_m1', 'timm/efficientvit_m1.r224_in1k']
+        """
         if limit is not None and (not isinstance(limit, int) or isinstance(limit, bool) or not 0 <= limit < 2**63):
             raise InvalidArgument(f"limit is a whole number >= 0 (or None for every match), not {limit!r}")
         if order_by is not None and not isinstance(order_by, str):
@@ -125,8 +162,18 @@ class Zoo:
             return store.search(s, expression, order_by, limit, fields)
 
     def variants(self, name: str) -> tuple[str, list[ModelInfo]]:
-        """The architecture of `name` ("timm/resnet50", or one of its variants, "resnet50.a1_in1k") and every
-        pretrained variant recorded for it, by name."""
+        """The architecture of a model and every pretrained variant recorded for it.
+
+        Args:
+            name: an architecture ("timm/resnet50") or one of its variants ("resnet50.a1_in1k").
+
+        Returns:
+            (the architecture's name, its variants' ModelInfo by name).
+
+        Raises:
+            ModelNotFound: no such model.
+            AmbiguousName: a short name of several models.
+        """
         check_name(name)
         from zoo.registry import lite
 
@@ -137,15 +184,43 @@ class Zoo:
             return store.variants_of(s, name)
 
     def preprocess(self, name: str) -> dict:
-        """A model's input preprocessing (input_size, crop_pct, crop_mode, interpolation, mean, std, ...): the
-        row's recorded dict, else the library's for its weights (no model is built)."""
+        """A model's input preprocessing, with no model built.
+
+        Args:
+            name: the model.
+
+        Returns:
+            {input_size, crop_pct, crop_mode, interpolation, mean, std, ...}: the row's recorded dict, else the
+            library's for its weights.
+
+        Raises:
+            ModelNotFound: no such model.
+            InvalidArgument: a model that records no preprocessing and whose library publishes none.
+        """
         from zoo.preprocess import preprocess_of
 
         return preprocess_of(self.info(name))
 
     def transform(self, name: str, train: bool = False, test_size: bool = False):
-        """The torchvision transform (PIL image -> normalized tensor) the model's weights expect, as timm's
-        create_transform(**resolve_data_config(...)) or torchvision's weights.transforms() build it."""
+        """The torchvision transform (PIL image -> normalized tensor) a model's weights expect, as timm's
+        create_transform(**resolve_data_config(...)) or torchvision's weights.transforms() build it.
+
+        Args:
+            name: the model.
+            train: the training transform (random resized crop, flip) instead of evaluation's.
+            test_size: at the variant's published test size (test_input_size) instead of its input size.
+
+        Returns:
+            A torchvision transform.
+
+        Raises:
+            ModelNotFound: no such model.
+            InvalidArgument: no recorded preprocessing (see preprocess).
+
+        Example:
+            >>> zoo.transform("timm/resnet50.a1_in1k")
+            Compose(...)
+        """
         from zoo.preprocess import transform
 
         return transform(self.preprocess(name), train=train, test_size=test_size)
@@ -153,12 +228,37 @@ class Zoo:
     # --- build --------------------------------------------------------------------------------
 
     def get(self, name: str, weights=None, device=None, dtype=None, dispatch: str = "now", **overrides) -> nn.Module:
-        """A fresh instance of the model's own class with every tensor on meta; overrides rebuild with
-        those kwargs. The module has .materialize(device, weights, ...) (see zoo.materialize).
+        """The model as an nn.Module of its own class, every tensor on meta: no weights, no memory.
 
-        With weights or device it is materialized at once (in `dtype`); dispatch="lazy" defers that to
-        the module's first use (see zoo.load.LazyLoad), and keeps deferring until a load succeeds.
-        dtype alone gives the meta module in that dtype.
+        The module has .materialize(device=, weights=, dtype=, ...) (see zoo.materialize.materialize) to allocate
+        it and load its weights in place.
+
+        Args:
+            name: the model.
+            weights: with device, materialize at once from: a file or directory (safetensors, torch pickles read
+                without running code, DCP, sharded), a recorded tag ("default"), "pretrained" (the library's
+                published weights from their cache), "hf://ORG/NAME" (the hub cache), or a state dict.
+            device: materialize on this device ("cpu", "cuda:0"); without weights the model's constructor init.
+            dtype: the floating dtype ("bf16", torch.float16); alone, the meta module in that dtype.
+            dispatch: "now", or "lazy": materialize at the module's first use (a forward, .to(), state_dict()).
+            **overrides: constructor kwargs to rebuild with (num_classes=10).
+
+        Returns:
+            The module (materialized when weights or device is given and dispatch is "now").
+
+        Raises:
+            ModelNotFound: no such model; AmbiguousName: a short name of several.
+            NotBuildable: an indexed checkpoint (tensors, no module).
+            BuildFailed: the model failed to build when indexed, or now with these overrides.
+            InvalidArgument: a bad dispatch, dtype or device ("gpu": did you mean "cuda").
+            WeightsMismatch: the weights do not fit (missing, unexpected, misshaped keys named).
+            CheckpointError: a file that cannot be read, or a tag whose sha256 changed.
+            MaterializeError: the allocation or load failed; the module is left as it was.
+
+        Example:
+            >>> m = zoo.get("timm/resnet50")
+            >>> m.fc.weight.device
+            device(type='meta')
         """
         if dispatch not in ("now", "lazy"):
             raise InvalidArgument(f"dispatch must be 'now' or 'lazy', not {dispatch!r}")
@@ -226,7 +326,22 @@ class Zoo:
         return self.get(name_or_module) if isinstance(name_or_module, str) else name_or_module
 
     def scan(self, name_or_module, *inputs, **options) -> Scan:
-        """Every module's output shapes and dtypes from one meta forward (see zoo.analysis.scan)."""
+        """Every submodule's output shapes and dtypes from one forward on meta, no weights.
+
+        Args:
+            name_or_module: a model's name, or a module from zoo.get.
+            *inputs: input tensors or shapes ((1, 3, 224, 224)), or a text for a registered hf model; none: the
+                row's recorded input.
+            **options: those of zoo.analysis.scan (depth, ...).
+
+        Returns:
+            A Scan (one row per submodule: its path, class, output shapes and dtypes).
+
+        Raises:
+            ModelNotFound: no such model.
+            AnalysisError: no input to run with, or a model that cannot run on meta.
+            TokenizerNotCached: a text for a model whose tokenizer is not in the hub cache.
+        """
         from zoo.analysis import scan
 
         module = self._module(name_or_module)
@@ -237,46 +352,58 @@ class Zoo:
             return scan(module, **tokenized(full, module, inputs), **options)
         return scan(module, *inputs, **options)
 
-    def estimate(
-        self,
-        name_or_module,
-        batch: int = 1,
-        dtype="bf16",
-        training: bool = False,
-        optimizer: str = "adamw",
-        seq_len: int | None = None,
-        kv_dtype=None,
-        weights_dtype=None,
-        group_size: int = 128,
-        checkpointing: bool = False,
-    ) -> Estimate:
-        """Bytes for weights, gradients, optimizer states, KV cache and activations, measured on meta (see
-        zoo.analysis.estimate): kv_dtype for the cache ("fp8"), weights_dtype for weight-only quantization
-        ("int8", "int4" with group_size, "fp8"), checkpointing for training. The options are checked
-        before the model is built."""
-        from zoo.analysis import estimate
-        from zoo.analysis.memory import check_options
+    def estimate(self, name_or_module, **options) -> Estimate:
+        """Bytes to run a model: weights, gradients, optimizer states, KV cache and activations, measured by running it
+        on meta at the batch asked (not scaled from batch 1).
 
-        options = dict(
-            batch=batch,
-            dtype=dtype,
-            training=training,
-            optimizer=optimizer,
-            seq_len=seq_len,
-            kv_dtype=kv_dtype,
-            weights_dtype=weights_dtype,
-            group_size=group_size,
-            checkpointing=checkpointing,
-        )
-        check_options(**options)
+        Args:
+            name_or_module: a model's name, or a module from zoo.get.
+            **options: zoo.analysis.memory.EstimateOptions: batch (1), dtype ("bf16"), training (False), optimizer
+                ("adamw", "adam", "sgd", "none"), seq_len (the row's), kv_dtype (the KV cache's: "fp8"),
+                weights_dtype (weight-only quantization: "int8", "int4" with group_size, "fp8"), group_size (128),
+                checkpointing (training with activation checkpointing).
+
+        Returns:
+            An Estimate: each term in bytes, their total and the peak.
+
+        Raises:
+            InvalidArgument: an unknown option.
+            AnalysisError: an option out of range, or a model that cannot run on meta.
+            ModelNotFound: no such model.
+
+        Example:
+            >>> zoo.estimate("timm/resnet50", batch=32, training=True).total
+        """
+        from zoo.analysis import estimate
+        from zoo.analysis.memory import EstimateOptions
+
+        EstimateOptions.of(options).checked()  # refused before the model is built
         name = name_or_module if isinstance(name_or_module, str) else None
         return estimate(self._module(name_or_module), name=name, **options)
 
     # --- load ---------------------------------------------------------------------------------
 
     def check(self, name: str, weights, key_map=None) -> Fit:
-        """How a checkpoint fits a model, from the registry and the file's metadata alone (no tensor
-        data read; torch is imported only for pickles)."""
+        """How a checkpoint fits a model, from the registry and the file's metadata alone (no tensor data read;
+        torch is imported only for pickles).
+
+        Args:
+            name: the model.
+            weights: a file, directory, recorded tag or hf:// reference (as get's).
+            key_map: a dict or function from checkpoint keys to the model's names (None for a key to skip).
+
+        Returns:
+            A Fit: matched, missing, unexpected, misshaped and dtype-mismatched keys; .exact and .loads.
+
+        Raises:
+            ModelNotFound: no such model.
+            BuildFailed: a model with no recorded tensors (it failed to build).
+            CheckpointError: a file that cannot be read.
+
+        Example:
+            >>> zoo.check("timm/resnet18", "resnet18.safetensors").exact
+            True
+        """
         from zoo.weights.fit import fit, targets_from_table
         from zoo.weights.opening import specs_of
 
@@ -285,202 +412,56 @@ class Zoo:
             raise BuildFailed(f"{info.name} has no recorded tensors (status {info.status})")
         return fit(targets_from_table(info.tensor_table), specs_of(self.weights_path(info.name, weights)), key_map)
 
-    def add_weights(self, name: str, path, tag: str = "default", strict: bool = True) -> str:
-        """Record a weights file for a model under a tag, with its sha256, once it fits the model; returns the
-        sha256."""
-        from zoo.indexing.indexer import is_constructor_tag
-        from zoo.weights.digest import digest
-
-        if (
-            not isinstance(tag, str)
-            or not tag.strip()
-            or len(tag) > 64
-            or "/" in tag
-            or tag.startswith("hf:")
-            or is_constructor_tag(tag)
-            or tag == "pretrained"
-        ):
-            raise InvalidArgument(
-                f"a weights tag is a name of 1 to 64 characters without '/', such as 'default' "
-                f"or 'v1.0' ('constructor' and 'pretrained' are zoo's own), not {tag!r}"
-            )
-        result = self.check(name, Path(path))  # a Path is never a tag; checked first: resolve() crashes on a loop
-        path = Path(path).resolve()
-        nothing = not result.matched and result.missing  # strict=False must not record an unrelated file
-        if result.misshaped or (strict and (result.missing or result.unexpected)) or nothing:
-            raise WeightsMismatch(
-                result.missing,
-                result.unexpected,
-                result.misshaped,
-                "not one key matches: wrong file, or a different model?" if nothing else "",
-            )
-        sha256, nbytes = digest(path)
-        with db.session(self._writable, write=True) as s, s.begin():
-            store.add_weights(s, name, tag, str(path), sha256, nbytes)
-        return sha256
-
     def weights_path(self, name: str, weights):
-        """What to load for `weights`: hf://ORG/NAME through the hub cache; a tag recorded for the model
-        ("default", "v1.0") becomes its file, sha256 checked; any other string is a path (one with a '/'
-        is never a tag, so it loads without the registry); a state dict is itself. "pretrained" names no
-        one file: .materialize loads it (zoo.pretrained). See zoo.load.weights_file."""
+        """The file (or state dict) `weights` names for a model, as get and check resolve it.
+
+        Args:
+            name: the model.
+            weights: "hf://ORG/NAME" (through the hub cache), a tag recorded for the model (its file, sha256
+                checked), any other string a path (one with a '/' is never a tag), anything else itself.
+
+        Returns:
+            A path, or the object given.
+
+        Raises:
+            InvalidArgument: "pretrained", which names no single file.
+            CheckpointError: neither a file nor a tag, or a tag whose file's sha256 changed.
+            HubUnavailable: an hf:// reference not in the hub cache (nothing is downloaded).
+        """
         return weights_file(self.url, name, weights).source
 
     def constructor_files(self, name: str) -> list[str]:
-        """The weights files a model's constructor reads itself (recorded at index time as tags
-        "constructor", "constructor-2", ...), each checked against its recorded sha256."""
+        """The weights files a model's constructor reads itself, recorded at index time as tags "constructor",
+        "constructor-2", ...
+
+        Args:
+            name: the model.
+
+        Returns:
+            Their paths, each checked against its recorded sha256.
+
+        Raises:
+            ModelNotFound: no such model.
+            CheckpointError: a file whose sha256 changed since it was recorded.
+        """
         return constructor_files(self.url, name)
-
-    # --- record -------------------------------------------------------------------------------
-
-    def index(
-        self,
-        source: str,
-        targets=(),
-        jobs: int = 1,
-        force: bool = False,
-        name: str | None = None,
-        revision: str | None = None,
-        progress=None,
-        pretrained: bool = False,
-        results=None,
-        author=None,
-        search=None,
-        filter=None,
-        limit: int | None = None,
-        local_cache: bool = False,
-    ) -> Outcome:
-        """Build models on meta and record them, skipping unchanged ones unless force; progress(name, done, total)
-        after each. source "timm" or "torchvision": targets are glob patterns (none: every model); pretrained=True:
-        a row per pretrained variant instead ("timm/resnet50.a1_in1k", the patterns match "resnet50.a1_in1k"),
-        built with the kwargs its weights need, with its published metadata and metrics; results: the folder of
-        timm's published results (default catalog/timm-results). source "installed": both families at once,
-        architectures and variants. source "hf": targets are config sources (config.json files, directories,
-        catalog files, hub repo ids), `name` for a single one, `revision` for repo ids; or instead the hub's
-        repos that author, search, filter, limit or local_cache pick (index_hub)."""
-        from zoo.indexing import indexer
-
-        indexer.workers_for(jobs)  # refused before anything is built
-        targets = [targets] if isinstance(targets, str) else list(targets)  # one pattern or source, not its letters
-        listing = bool(author or search or filter or local_cache) or limit is not None  # repos the hub picks
-        if source == "hf" and not pretrained and results is None:
-            if listing == bool(targets) or listing and (name is not None or revision is not None):  # both or neither
-                raise InvalidArgument(
-                    "index hf takes config sources (targets, with name and revision) or the hub's "
-                    "listing (author, search, filter, limit, local_cache): one of the two"
-                )
-            return (
-                self.index_hub(author, search, filter, limit, local_cache, force=force, progress=progress)
-                if listing
-                else indexer.index_configs(self._writable, targets, name, revision, force, progress)
-            )
-        if name is not None or revision is not None or listing:
-            raise InvalidArgument(f"name, revision and the hub's listing apply to hf sources, not to {source}")
-        if source == "installed":
-            if pretrained:
-                raise InvalidArgument(
-                    "installed indexes the architectures and their pretrained variants both: no pretrained flag"
-                )
-            return indexer.index_installed(
-                self._writable, targets, jobs=jobs, force=force, progress=progress, results=results
-            )
-        return indexer.index_family(
-            self._writable,
-            source,
-            targets,
-            jobs=jobs,
-            force=force,
-            progress=progress,
-            pretrained=pretrained,
-            results=results,
-        )
-
-    def index_hub(
-        self,
-        author: str | None = None,
-        search: str | None = None,
-        filter: str | None = None,
-        limit: int | None = None,
-        local_cache: bool = False,
-        force: bool = False,
-        progress=None,
-    ) -> Outcome:
-        """Index Hugging Face hub repos from config.json alone (never weights): those the hub's listing gives for
-        author/search/filter (at most limit), or with local_cache every model in the local hub cache, offline.
-        Each repo is a row hf/ORG/NAME with the hub's metadata; a repo that fails is a row with its reason.
-        Repos already recorded from the same commit are skipped, so a rerun resumes an interrupted run."""
-        from zoo.indexing import hub, hub_listing
-
-        if limit is not None and (not isinstance(limit, int) or isinstance(limit, bool) or limit < 1):
-            raise InvalidArgument(f"limit is a whole number >= 1, not {limit!r}")
-        url = self._writable  # refused before the hub is asked
-        if local_cache:
-            if author or search or filter:
-                raise InvalidArgument("local_cache indexes the whole local cache: no author, search or filter")
-            repos, origin = hub_listing.cached_repos()[:limit], "local cache"
-        else:
-            if not (author or search or filter or limit):
-                raise InvalidArgument("say which hub repos: author, search, filter or limit (the hub holds millions)")
-            repos, origin = hub_listing.list_repos(author, search, filter, limit), "hub listing"
-        return hub.index_hub(url, repos, origin, force=force, progress=progress)
-
-    def index_builder(
-        self, builder: str, name: str, kwargs: dict | None = None, force: bool = False, inputs=None
-    ) -> dict:
-        """Index a model built by a user's MODULE:FUNCTION (its package trusted for this call); returns its row.
-        A model of another family or builder under that name is replaced only with force=True. `inputs`:
-        its input spec, "1,3,224,224" or [{"shape": [1, 16], "dtype": "int64", "name": "input_ids"}, ...]
-        (the first dimension is the batch), recorded so that the model gets FLOPs, scan and estimate."""
-        from zoo.analysis.inputs import parse_inputs
-        from zoo.indexing import indexer
-
-        parsed = parse_inputs(inputs) if inputs is not None else None  # refused before anything is built
-        recipe = Recipe("user", builder, kwargs or {})
-        full = check_name(name if "/" in check_name(name) else f"user/{name}", new=True)
-        return indexer.index_one(
-            self._writable, full, recipe, trusted={builder.split(":")[0].split(".")[0]}, force=force, inputs=parsed
-        )
-
-    def index_checkpoint(self, path, name: str | None = None, force: bool = False) -> dict:
-        """Record a weights file's tensors (no module); returns its row."""
-        from zoo.indexing import indexer
-
-        name = name or name_part(Path(path).stem)  # a name without a family is a checkpoint's, as a builder's is user/
-        name = check_name(name if "/" in check_name(name) else f"checkpoint/{name}", new=True)
-        return indexer.index_checkpoint(self._writable, str(path), name, force=force)
-
-    def remove(self, name: str) -> str:
-        """Delete a model, its tensors and its recorded weights; returns its full name."""
-        check_name(name)
-        with db.session(self.url) as s:  # an unknown name is refused before the file is opened for writing
-            full = store.resolve(s, name).name
-        with db.session(self._writable, write=True) as s, s.begin():
-            return store.remove(s, full)
-
-    def upgrade(self, revision: str = "head") -> str | None:
-        """Bring the schema to `revision` through the alembic migrations; returns the revision now."""
-        db.upgrade(self._writable, revision)
-        return self.revision()
-
-    def revision(self) -> str | None:
-        """The schema revision of the registry, None for an empty database."""
-        return db.revision_of(self.url)
-
-    def compact(self) -> str:
-        """SQLite: fold the write-ahead log into the file and shrink it; PostgreSQL: VACUUM (ANALYZE).
-        Returns what was done."""
-        return db.compact(self._writable)
-
-    def copy_to(self, target, replace: bool = False) -> dict[str, int]:
-        """Copy this whole registry into the one at `target` (URL or path; SQLite <-> PostgreSQL) in one
-        transaction there, ids kept; a target holding models is refused unless replace. Rows per table.
-        The shipped registry is a target only when named, as for every write."""
-        from zoo.registry.transfer import copy_registry
-
-        url = registry_url(target) if registry_named(target) else refuse_unnamed_write()
-        return copy_registry(self.url, url, replace)
 
 
 def connect(url: str | None = None) -> Zoo:
-    """The registry at a SQLAlchemy URL or file path (None: $ZOO_REGISTRY, else the shipped registry.db)."""
+    """The registry at a SQLAlchemy URL or file path, with every operation as a method.
+
+    Args:
+        url: "sqlite:///team.db", "postgresql+psycopg://host/zoo", or a path; None: $ZOO_REGISTRY, else the
+            shipped registry.db.
+
+    Returns:
+        A Zoo (nothing is opened until a method needs it).
+
+    Raises:
+        Nothing here: the first method that opens the registry raises RegistryNotFound or RegistryError.
+
+    Example:
+        >>> zoo.connect("registry.db").info("timm/resnet50").family
+        'timm'
+    """
     return Zoo(url)

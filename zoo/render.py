@@ -153,6 +153,23 @@ def table(rows: list[list[str]]) -> str:
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows)
 
 
+def _input_size_text(info) -> str:
+    """The row's input size; for a model indexed with its inputs (`zoo index builder --input`), those inputs, the
+    batch first, as they were given."""
+    if info.input_size:
+        return "x".join(map(str, info.input_size))
+    if info.inputs:
+        return (
+            ", ".join(
+                f"{'x'.join(map(str, i['shape']))} {i.get('dtype') or 'float32'}"
+                + (f" ({i['name']})" if i.get("name") else "")
+                for i in info.inputs
+            )
+            + " (given when indexed)"
+        )
+    return "-"
+
+
 def info_rows(info) -> list[tuple[str, str]]:
     """What `zoo show` prints of a model: one (label, text) row each."""
     rows = [
@@ -162,7 +179,7 @@ def info_rows(info) -> list[tuple[str, str]]:
         ("kwargs", json.dumps(info.kwargs)),
         ("arch", info.arch or "-"),
         ("task", info.task or "-"),
-        ("input size", "x".join(map(str, info.input_size)) if info.input_size else "-"),
+        ("input size", _input_size_text(info)),
         ("params", f"{info.params:,} ({human(info.params)})" if info.params is not None else "-"),
         ("trainable", f"{info.trainable:,}" if info.trainable is not None else "-"),
         ("buffers", f"{info.buffers:,} elements" if info.buffers is not None else "-"),
@@ -226,6 +243,8 @@ def published_rows(info) -> list[tuple[str, str]]:
     from zoo.columns import THROUGHPUT
 
     def px(size) -> str:
+        if not size and info.inputs:  # a model indexed with its inputs: the first one's, without the batch
+            size = info.inputs[0]["shape"][1:]
         return "x".join(map(str, size[-2:])) if size else "?"
 
     rows = []

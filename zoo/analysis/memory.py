@@ -7,7 +7,7 @@ import contextlib
 import functools
 import math
 from collections.abc import Iterable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 import torch
@@ -17,7 +17,7 @@ from zoo.analysis.forward import accepts, device_context, loss_of, train_mode
 from zoo.analysis.inputs import has_sequence, input_spec_of, make_inputs, tensor_leaves
 from zoo.analysis.meters import LiveBytes, known_storages, replay_peak, storage_key
 from zoo.dtypes import FLOAT_NAMES, float_dtype
-from zoo.errors import AnalysisError, reason
+from zoo.errors import AnalysisError, InvalidArgument, reason
 from zoo.inspection import dtype_name, named_tensors
 
 # What the KV cache may be held in (serving engines quantize it apart from the weights): bytes per element.
@@ -346,55 +346,55 @@ def cast_to(module: nn.Module, dtype: torch.dtype):
             set_dtype(owner, local, is_param, original)
 
 
-def check_options(
-    batch: int,
-    dtype,
-    training: bool,
-    optimizer: str,
-    seq_len: int | None,
-    kv_dtype=None,
-    weights_dtype=None,
-    group_size: int = 128,
-    checkpointing: bool = False,
-) -> torch.dtype:
-    """The options of an estimate, checked before any model is built; returns the torch dtype."""
-    for label, value in (("batch", batch), ("seq_len", seq_len), ("group_size", group_size)):
-        if (value is not None or label == "batch") and (
-            not isinstance(value, int) or isinstance(value, bool) or not 1 <= value < 2**31
-        ):  # torch's sizes stay int64
-            raise AnalysisError(f"{label} must be a whole number from 1 to 2**31 - 1, not {value!r:.40}")
-    if training and optimizer not in OPTIMIZERS:
-        raise AnalysisError(f"optimizer must be one of {', '.join(OPTIMIZERS)}, not {optimizer!r}")
-    if kv_dtype is not None and str(kv_dtype).lower() not in KV_DTYPES:
-        raise AnalysisError(f"kv_dtype must be one of {', '.join(KV_DTYPES)}, not {kv_dtype!r}")
-    if weights_dtype is not None:
-        if str(weights_dtype).lower() not in QUANTIZED:
-            raise AnalysisError(
-                f"weights_dtype (weight-only quantization) must be one of {', '.join(QUANTIZED)}, "
-                f"not {weights_dtype!r}; for float weights, set dtype"
-            )
-        if training:
-            raise AnalysisError(
-                "weight-only quantization is for inference: leave weights_dtype unset with training=True"
-            )
-    if checkpointing and not training:
-        raise AnalysisError("activation checkpointing applies to training: give training=True with it")
-    return float_dtype(dtype)
+@dataclass(frozen=True)
+class EstimateOptions:
+    """What an estimate is of: zoo.estimate's keyword arguments, checked together before any model is built."""
+
+    batch: int = 1
+    dtype: Any = "bf16"
+    training: bool = False
+    optimizer: str = "adamw"
+    seq_len: int | None = None
+    kv_dtype: Any = None  # the KV cache's ("fp8"); default: dtype
+    weights_dtype: Any = None  # weight-only quantization: "int8", "int4" (with group_size), "fp8"
+    group_size: int = 128
+    checkpointing: bool = False  # training with activation checkpointing
+
+    @classmethod
+    def of(cls, options: dict) -> EstimateOptions:
+        """The options from keyword arguments; an unknown one is refused with the known ones named."""
+        known = [f.name for f in fields(cls)]
+        if unknown := sorted(set(options) - set(known)):
+            raise InvalidArgument(f"unknown estimate option {', '.join(unknown)}: the options are {', '.join(known)}")
+        return cls(**options)
+
+    def checked(self) -> torch.dtype:
+        """The torch dtype of the forward, once every option is known to be valid (AnalysisError otherwise)."""
+        for label, value in (("batch", self.batch), ("seq_len", self.seq_len), ("group_size", self.group_size)):
+            if (value is not None or label == "batch") and (
+                not isinstance(value, int) or isinstance(value, bool) or not 1 <= value < 2**31
+            ):  # torch's sizes stay int64
+                raise AnalysisError(f"{label} must be a whole number from 1 to 2**31 - 1, not {value!r:.40}")
+        if self.training and self.optimizer not in OPTIMIZERS:
+            raise AnalysisError(f"optimizer must be one of {', '.join(OPTIMIZERS)}, not {self.optimizer!r}")
+        if self.kv_dtype is not None and str(self.kv_dtype).lower() not in KV_DTYPES:
+            raise AnalysisError(f"kv_dtype must be one of {', '.join(KV_DTYPES)}, not {self.kv_dtype!r}")
+        if self.weights_dtype is not None:
+            if str(self.weights_dtype).lower() not in QUANTIZED:
+                raise AnalysisError(
+                    f"weights_dtype (weight-only quantization) must be one of {', '.join(QUANTIZED)}, "
+                    f"not {self.weights_dtype!r}; for float weights, set dtype"
+                )
+            if self.training:
+                raise AnalysisError(
+                    "weight-only quantization is for inference: leave weights_dtype unset with training=True"
+                )
+        if self.checkpointing and not self.training:
+            raise AnalysisError("activation checkpointing applies to training: give training=True with it")
+        return float_dtype(self.dtype)
 
 
-def estimate(
-    module: nn.Module,
-    batch: int = 1,
-    dtype="bf16",
-    training: bool = False,
-    optimizer: str = "adamw",
-    seq_len: int | None = None,
-    name: str | None = None,
-    kv_dtype=None,
-    weights_dtype=None,
-    group_size: int = 128,
-    checkpointing: bool = False,
-) -> Estimate:
+def estimate(module: nn.Module, name: str | None = None, **options) -> Estimate:
     """Memory to run a model at `batch` in `dtype`: weights, gradients, optimizer states, KV cache and
     activations, the activations measured by running the model on meta at that batch (not scaled from batch 1).
 
@@ -405,10 +405,9 @@ def estimate(
     sum of the outputs, optimizer step) with the optimizer's states already allocated, as in every step
     after the first; `checkpointing` recomputes each repeated block in backward (see checkpointed).
     """
-    tdtype = check_options(
-        batch, dtype, training, optimizer, seq_len, kv_dtype, weights_dtype, group_size, checkpointing
-    )
-    weights_dtype = str(weights_dtype).lower() if weights_dtype is not None else None
+    o = EstimateOptions.of(options)
+    tdtype = o.checked()
+    weights_dtype = str(o.weights_dtype).lower() if o.weights_dtype is not None else None
     if not isinstance(module, nn.Module):
         raise AnalysisError(f"estimate takes a module, not {type(module).__name__}: use zoo.estimate for a name")
     spec = input_spec_of(module)
@@ -416,16 +415,23 @@ def estimate(
         raise AnalysisError("this model has no recorded input spec: estimate needs one to run its forward")
     if any(not (t.is_meta) for t in [*module.parameters(), *module.buffers()]):
         raise AnalysisError("estimate runs on meta: give a registered name or a module from zoo.get")
-    if seq_len is not None and not has_sequence(spec):
+    if o.seq_len is not None and not has_sequence(spec):
         raise AnalysisError("seq_len applies to models with token inputs: this model's input has no sequence")
-    if kv_dtype is not None and not accepts(module, "use_cache"):
+    if o.kv_dtype is not None and not accepts(module, "use_cache"):
         raise AnalysisError("kv_dtype applies to the inference of a model that keeps a KV cache; this one keeps none")
-    args, kwargs = make_inputs(spec, batch=batch, seq_len=seq_len, dtype=tdtype)
-    kv_bytes = KV_DTYPES[str(kv_dtype).lower()] if kv_dtype is not None else None
+    args, kwargs = make_inputs(spec, batch=o.batch, seq_len=o.seq_len, dtype=tdtype)
+    kv_bytes = KV_DTYPES[str(o.kv_dtype).lower()] if o.kv_dtype is not None else None
     try:
-        with cast_to(module, tdtype), checkpointed(module) if checkpointing else contextlib.nullcontext():
+        with cast_to(module, tdtype), checkpointed(module) if o.checkpointing else contextlib.nullcontext():
             parts = measure_step(
-                module, args, kwargs, training, optimizer if training else None, weights_dtype, group_size, kv_bytes
+                module,
+                args,
+                kwargs,
+                o.training,
+                o.optimizer if o.training else None,
+                weights_dtype,
+                o.group_size,
+                kv_bytes,
             )
     except AnalysisError:
         raise
@@ -438,7 +444,7 @@ def estimate(
             + (
                 "with one fp32 scale per tensor"
                 if weights_dtype == "fp8"
-                else f"with an fp16 scale per group of {group_size}"
+                else f"with an fp16 scale per group of {o.group_size}"
             )
             + f"; output head, embeddings, norms at {dtype_name(tdtype)}"
         )
@@ -454,15 +460,17 @@ def estimate(
         )
     return Estimate(
         name=name or type(module).__name__,
-        batch=batch,
+        batch=o.batch,
         dtype=dtype_name(tdtype),
-        training=training,
-        optimizer=optimizer if training else None,
-        seq_len=seq_len if seq_len is not None else spec.get("seq_len"),
+        training=o.training,
+        optimizer=o.optimizer if o.training else None,
+        seq_len=o.seq_len if o.seq_len is not None else spec.get("seq_len"),
         **parts,
-        kv_dtype=(str(kv_dtype).lower() if kv_dtype is not None else dtype_name(tdtype)) if parts["kv_cache"] else None,
+        kv_dtype=(str(o.kv_dtype).lower() if o.kv_dtype is not None else dtype_name(tdtype))
+        if parts["kv_cache"]
+        else None,
         weights_dtype=weights_dtype,
-        group_size=group_size if weights_dtype in ("int8", "int4") else None,
-        checkpointing=checkpointing,
+        group_size=o.group_size if weights_dtype in ("int8", "int4") else None,
+        checkpointing=o.checkpointing,
         notes=tuple(notes),
     )

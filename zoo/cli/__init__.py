@@ -170,12 +170,7 @@ def cmd_check(zoo, args) -> int:
     if args.json:
         print(json.dumps(result.as_dict(), indent=1))
     else:
-        print(
-            printable(
-                f"{args.weights}: {len(result.matched)} tensors match {args.name}"
-                + (" exactly" if result.exact else "")
-            )
-        )
+        print(printable(f"{args.weights}: {fit_summary(result, args.name)}"))
         for label, items in (
             ("missing", result.missing),
             ("unexpected", result.unexpected),
@@ -184,7 +179,22 @@ def cmd_check(zoo, args) -> int:
         ):
             for item in items:
                 print(f"  {label}: {printable(item)}")
-    return 0 if not (result.missing or result.unexpected or result.misshaped) else 1
+    return 0 if result.loads else 1
+
+
+def fit_summary(result, name: str) -> str:
+    """One line a reader can act on: whether the file loads into `name`, then every count (the matched ones alone
+    would read as success for a file that does not fit)."""
+    fitting = len(result.matched) - len(result.misshaped)  # a misshaped key has a tensor to go to, of another shape
+    counts = (
+        f"{fitting} fit, {len(result.misshaped)} misshaped, {len(result.missing)} missing, "
+        f"{len(result.unexpected)} unexpected"
+    )
+    if result.exact:
+        return f"fits {name} exactly ({fitting} tensors)"
+    if result.loads:
+        return f"fits {name} with {len(result.dtype_mismatched)} tensors cast to the model's dtype ({counts})"
+    return f"does not fit {name} ({counts})"
 
 
 def cmd_weights(zoo, args) -> int:

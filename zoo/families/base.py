@@ -1,8 +1,9 @@
 """The family protocol: everything zoo asks of a family, typed, and the answers of a family with nothing to say.
 
 A family is a module (zoo.families.timm, ...) named in zoo.families.FAMILIES. It implements `Family` (module
-attributes satisfy a Protocol as class attributes do); what it has no use for it takes from here, by name,
-so that every family answers every question and nothing probes with hasattr. tests/test_layout.py checks
+attributes satisfy a Protocol as class attributes do); what it has no use for, zoo.families.family() answers
+from the defaults here, so that every family answers every question and nothing probes with hasattr.
+tests/test_layout.py checks
 each family against this protocol, signatures included, and that no module outside zoo.families branches on
 a family's name. Families build and describe; recording is the indexer's, and nothing here imports the
 registry or the API.
@@ -35,6 +36,10 @@ class Family(Protocol):
     def check(self, builder: str, kwargs: dict, trusted: set[str] | None = None) -> None:
         """Raise UntrustedBuilder / InvalidRecipe before anything is imported (trusted: the packages a user
         builder may come from, where the caller names them)."""
+
+    def importable(self, builder: str) -> None:
+        """Raise InvalidRecipe when the builder's code cannot be imported (a vetted one: check() first), so that
+        indexing records nothing for a typo; a builder that imports and then fails is recorded as failed."""
 
     def build(self, builder: str, kwargs: dict) -> Any:
         """The module (called under forced meta, with downloads blocked)."""
@@ -78,12 +83,19 @@ class Family(Protocol):
         so that a pretrained load builds once (timm: its load_pretrained arguments); None: nothing to record."""
 
 
+# The names of the protocol: its flags and its hooks (zoo.families.WithDefaults answers these from here).
+PROTOCOL = frozenset(Family.__annotations__) | {n for n, v in vars(Family).items() if not n.startswith("_")}
+
 CONSTRUCTION_DECIDES = False
 BUILDS = True
 LANGUAGE_MODEL = False
 PUBLISHED_RESULTS = False
 PRETRAINED = None
 INPUTS_RECORDED = False
+
+
+def importable(builder: str) -> None:
+    return None  # a library's model: check() has found it in the library already
 
 
 def results_folder() -> str | None:

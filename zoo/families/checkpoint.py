@@ -4,22 +4,6 @@ import math
 from pathlib import Path
 
 from zoo.errors import CheckpointError, NotBuildable
-from zoo.families.base import (  # noqa: F401 - the protocol's answers it takes as they are
-    CONSTRUCTION_DECIDES,
-    INPUTS_RECORDED,
-    LANGUAGE_MODEL,
-    PRETRAINED,
-    PUBLISHED_RESULTS,
-    architecture_columns,
-    load_arguments,
-    preprocess,
-    read_results,
-    results_folder,
-    tokenize,
-    variant_name,
-    variants,
-    weights_tag,
-)
 from zoo.inspection import TensorInfo
 from zoo.weights.sources import PICKLE_SUFFIXES
 

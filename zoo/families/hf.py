@@ -14,21 +14,6 @@ from pathlib import Path
 
 from zoo.errors import CheckpointError, InvalidRecipe, UntrustedBuilder
 from zoo.families import torch_version
-from zoo.families.base import (  # noqa: F401 - the protocol's answers it takes as they are
-    BUILDS,
-    CONSTRUCTION_DECIDES,
-    INPUTS_RECORDED,
-    PRETRAINED,
-    PUBLISHED_RESULTS,
-    architecture_columns,
-    load_arguments,
-    preprocess,
-    read_results,
-    results_folder,
-    variant_name,
-    variants,
-    weights_tag,
-)
 from zoo.recipe import Recipe
 from zoo.weights.hub import REPO_ID
 from zoo.weights.paths import open_regular

@@ -6,13 +6,6 @@ import math
 from zoo.caching import register
 from zoo.errors import InvalidArgument, UntrustedBuilder
 from zoo.families import torch_version
-from zoo.families.base import (  # noqa: F401 - the protocol's answers it takes as they are
-    BUILDS,
-    INPUTS_RECORDED,
-    LANGUAGE_MODEL,
-    tokenize,
-    weights_tag,
-)
 
 NAME = "timm"
 PUBLISHED_RESULTS = True  # catalog/timm-results: validation results, benchmarks, pretraining data

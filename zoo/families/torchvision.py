@@ -3,19 +3,6 @@ every weights enum ("resnet50.IMAGENET1K_V2") as a variant row, built with the k
 
 from zoo.errors import InvalidArgument, UntrustedBuilder
 from zoo.families import torch_version
-from zoo.families.base import (  # noqa: F401 - the protocol's answers it takes as they are
-    BUILDS,
-    CONSTRUCTION_DECIDES,
-    INPUTS_RECORDED,
-    LANGUAGE_MODEL,
-    PUBLISHED_RESULTS,
-    architecture_columns,
-    load_arguments,
-    read_results,
-    results_folder,
-    tokenize,
-    variant_name,
-)
 
 NAME = "torchvision"
 PRETRAINED = "weights-enum"

@@ -7,22 +7,6 @@ import sys
 from zoo.constants import trusted_modules
 from zoo.errors import InvalidRecipe, UntrustedBuilder
 from zoo.families import torch_version
-from zoo.families.base import (  # noqa: F401 - the protocol's answers it takes as they are
-    BUILDS,
-    CONSTRUCTION_DECIDES,
-    LANGUAGE_MODEL,
-    PRETRAINED,
-    PUBLISHED_RESULTS,
-    architecture_columns,
-    load_arguments,
-    preprocess,
-    read_results,
-    results_folder,
-    tokenize,
-    variant_name,
-    variants,
-    weights_tag,
-)
 
 NAME = "user"
 INPUTS_RECORDED = True  # `zoo index builder --input`: the forward's inputs are the row's, not the builder's to say
@@ -61,20 +45,34 @@ def check(builder: str, kwargs: dict, trusted: set[str] | None = None) -> None:
         )
 
 
+def importable(builder: str) -> None:
+    _function(builder)
+
+
 def build(builder: str, kwargs: dict):
-    """The builder's module is imported, and its function runs, with the current directory on the path:
-    a package in the directory zoo runs from needs no PYTHONPATH (it must still be trusted, above). The
-    directory goes last, so it never shadows an installed package."""
+    return _function(builder)(**kwargs)
+
+
+def _function(builder: str):
+    """The builder's function, its module imported with the current directory on the path: a package in the
+    directory zoo runs from needs no PYTHONPATH (it must still be trusted, above). The directory goes last, so
+    it never shadows an installed package. An import that fails is the recipe's error (InvalidRecipe)."""
     module, function = split(builder)
     cwd = os.getcwd()
     added = cwd not in sys.path
     if added:
         sys.path.append(cwd)
     try:
-        return getattr(importlib.import_module(module), function)(**kwargs)
+        imported = importlib.import_module(module)
+    except Exception as e:  # ImportError, or whatever the module's own code raised on import
+        raise InvalidRecipe(f"builder {builder!r} cannot be imported: {type(e).__name__}: {e}") from e
     finally:
         if added and cwd in sys.path:
             sys.path.remove(cwd)
+    found = getattr(imported, function, None)
+    if not callable(found):
+        raise InvalidRecipe(f"builder {builder!r} cannot be imported: module {module} has no function {function}")
+    return found
 
 
 def describe(builder: str, module, tag: str | None = None) -> dict:

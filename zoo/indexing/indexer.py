@@ -199,7 +199,7 @@ def nothing_matches(families: list[str], patterns) -> str:
     return f"patterns {', '.join(map(repr, patterns))} match no {' or '.join(families)} model{hint}"
 
 
-def record_architecture_columns(url: str, family_name: str, results: dict, patterns=()) -> int:
+def record_architecture_columns(url: str, family_name: str, results: dict | None, patterns=()) -> int:
     """A family's published columns on its architecture rows (timm's throughput), each at the row's own input size
     (a variant records its own with its published data): data, not a build, so it is set on the stored rows and
     the rows are not rebuilt. Returns how many rows changed."""
@@ -211,7 +211,7 @@ def record_architecture_columns(url: str, family_name: str, results: dict, patte
 
     fam = family(family_name)
     columns = fam.architecture_columns("", None, {})
-    if not columns:
+    if not columns or results is None:
         return 0
     changed = 0
     with db.session(url, write=True) as s:
@@ -305,7 +305,7 @@ def index_one(
     A builder zoo refuses (untrusted, the standard library) is an error, and nothing is written."""
     from zoo.build import vetted
 
-    vetted(recipe, trusted)
+    vetted(recipe, trusted).importable(recipe.builder)  # a builder that cannot be imported records nothing
     # a name taken by another model is refused before anything is built or written (an empty server
     # database, like a missing file, holds none: it is created below)
     if db.exists(url) and db.revision_of(url) is not None:

@@ -17,6 +17,7 @@ import getpass
 import platform
 import socket
 import time
+from dataclasses import dataclass, fields, replace
 from importlib import metadata
 
 from zoo.dtypes import float_dtype, short_name
@@ -25,22 +26,43 @@ from zoo.errors import BenchFailed, InvalidArgument, ZooError, reason
 DEVICES = ("cpu", "cuda")
 
 
-def check_options(device: str = "cpu", batch: int = 1, dtype: str = "fp32", steps: int = 40, warmup: int = 10) -> None:
-    """Refuse bad options (InvalidArgument) before anything is built; a CUDA run needs a usable GPU."""
-    if device not in DEVICES:
-        raise InvalidArgument(f"device is one of {', '.join(DEVICES)}, not {device!r}", "device")
-    short_name(dtype)  # InvalidArgument unless a floating dtype (zoo.dtypes)
-    for what, value, least in (("batch", batch, 1), ("steps", steps, 1), ("warmup", warmup, 0)):
-        if not isinstance(value, int) or isinstance(value, bool) or not least <= value <= 1_000_000:
-            raise InvalidArgument(f"{what} is a whole number from {least} to 1000000, not {value!r}", what)
-    if device == "cuda":
-        import torch
+@dataclass(frozen=True)
+class BenchOptions:
+    """What a run measures (zoo.bench's keyword arguments): refused as a whole before anything is built."""
 
-        if not torch.cuda.is_available():
-            raise InvalidArgument(
-                "--device cuda: torch sees no usable CUDA GPU here (torch.cuda.is_available() is "
-                "False): bench on --device cpu, or on a machine with a GPU"
-            )
+    device: str = "cpu"
+    batch: int = 1
+    dtype: str = "fp32"
+    train: bool = False  # a training step (SGD with momentum, as timm's benchmark) instead of inference
+    steps: int = 40
+    warmup: int = 10
+    compile: bool = False  # torch.compile first
+    channels_last: bool = False
+
+    @classmethod
+    def of(cls, options: dict) -> BenchOptions:
+        """The options from keyword arguments, checked (InvalidArgument naming the argument); a CUDA run needs a
+        usable GPU."""
+        known = [f.name for f in fields(cls)]
+        if unknown := sorted(set(options) - set(known)):
+            raise InvalidArgument(f"unknown bench option {', '.join(unknown)}: the options are {', '.join(known)}")
+        o = cls(**options)
+        if o.device not in DEVICES:
+            raise InvalidArgument(f"device is one of {', '.join(DEVICES)}, not {o.device!r}", "device")
+        short_name(o.dtype)  # InvalidArgument unless a floating dtype (zoo.dtypes)
+        for what, value, least in (("batch", o.batch, 1), ("steps", o.steps, 1), ("warmup", o.warmup, 0)):
+            if not isinstance(value, int) or isinstance(value, bool) or not least <= value <= 1_000_000:
+                raise InvalidArgument(f"{what} is a whole number from {least} to 1000000, not {value!r}", what)
+        if o.device == "cuda":
+            import torch
+
+            if not torch.cuda.is_available():
+                raise InvalidArgument(
+                    "device 'cuda': torch sees no usable CUDA GPU here (torch.cuda.is_available() is False): "
+                    "bench on device 'cpu', or on a machine with a GPU",
+                    "device",
+                )
+        return replace(o, dtype=short_name(o.dtype))  # "half", "float16" and "fp16" are one kind of run
 
 
 def hardware(device: str) -> str:
@@ -152,33 +174,22 @@ def _loss(output):
     return sum(t.float().mean() for t in leaves)
 
 
-def measure(
-    module,
-    spec: dict,
-    device: str = "cpu",
-    batch: int = 1,
-    dtype: str = "fp32",
-    train: bool = False,
-    steps: int = 40,
-    warmup: int = 10,
-    compile: bool = False,
-    channels_last: bool = False,
-) -> dict:
-    """Time a module that is still on meta: materialize it (init) on `device`, then warm up and time it."""
+def measure(module, spec: dict, o: BenchOptions) -> dict:
+    """Time a module that is still on meta: materialize it (init) on the device, then warm up and time it."""
     import torch
 
-    cuda = device == "cuda"
+    cuda = o.device == "cuda"
     if cuda:
         torch.cuda.reset_peak_memory_stats()
     base = _rss("VmRSS") if not cuda and _reset_peak_rss() else None
-    tdtype = float_dtype(dtype)
-    module.materialize(device=device)
-    module.to(dtype=tdtype, memory_format=torch.channels_last if channels_last else torch.preserve_format)
-    module.train(train)
-    args, kwargs = _real_inputs(spec, batch, device, tdtype, channels_last)
-    model = torch.compile(module) if compile else module
+    tdtype = float_dtype(o.dtype)
+    module.materialize(device=o.device)
+    module.to(dtype=tdtype, memory_format=torch.channels_last if o.channels_last else torch.preserve_format)
+    module.train(o.train)
+    args, kwargs = _real_inputs(spec, o.batch, o.device, tdtype, o.channels_last)
+    model = torch.compile(module) if o.compile else module
     sync = torch.cuda.synchronize if cuda else (lambda: None)
-    if train:
+    if o.train:
         optimizer = torch.optim.SGD(module.parameters(), lr=1e-4, momentum=0.9, nesterov=True)
 
         def step():
@@ -190,13 +201,13 @@ def measure(
         def step():
             model(*args, **kwargs)
 
-    with torch.inference_mode(not train):
-        for _ in range(warmup):
+    with torch.inference_mode(not o.train):
+        for _ in range(o.warmup):
             step()
         sync()
         total = 0.0
         start = time.perf_counter()
-        for _ in range(steps):
+        for _ in range(o.steps):
             t = time.perf_counter()
             step()
             sync()
@@ -207,29 +218,15 @@ def measure(
     else:
         hwm = None if base is None else _rss("VmHWM")
         peak = None if base is None or hwm is None else max(0, hwm - base)
-    return {"samples_per_s": batch * steps / elapsed, "step_ms": 1000 * total / steps, "peak_bytes": peak}
+    return {"samples_per_s": o.batch * o.steps / elapsed, "step_ms": 1000 * total / o.steps, "peak_bytes": peak}
 
 
-def run(
-    zoo,
-    name: str,
-    device: str = "cpu",
-    batch: int = 1,
-    dtype: str = "fp32",
-    train: bool = False,
-    steps: int = 40,
-    warmup: int = 10,
-    compile: bool = False,
-    channels_last: bool = False,
-    record: bool = True,
-    skip_recorded: bool = False,
-) -> dict:
+def run(zoo, name: str, record: bool = True, skip_recorded: bool = False, **options) -> dict:
     """Measure `name` from the registry `zoo` (a Zoo) and record the run there; returns the run's fields (as
     recorded) with "name" and "skipped" (True: skip_recorded found a run of the same kind, nothing was measured)."""
     import torch
 
-    check_options(device, batch, dtype, steps, warmup)
-    dtype = short_name(dtype)  # "half", "float16" and "fp16" are one kind of run
+    o = BenchOptions.of(options)
     target = zoo._writable if record else zoo.url  # refused before a minute of measuring, not after
     from zoo.analysis.inputs import spec_of_inputs
     from zoo.registry import db, measurements
@@ -242,50 +239,39 @@ def run(
         )
     spec = spec_of_inputs(info.inputs)
     kind = {
-        "hardware": hardware(device),
-        "device": device,
-        "mode": "train" if train else "infer",
-        "dtype": dtype,
-        "batch": batch,
-        "compiled": bool(compile),
-        "channels_last": bool(channels_last),
+        "hardware": hardware(o.device),
+        "device": o.device,
+        "mode": "train" if o.train else "infer",
+        "dtype": o.dtype,
+        "batch": o.batch,
+        "compiled": bool(o.compile),
+        "channels_last": bool(o.channels_last),
         "threads": torch.get_num_threads(),
     }
     if skip_recorded:
         with db.session(zoo.url) as s:
             if measurements.recorded(s, info.name, kind):
                 return {"name": info.name, "skipped": True, **kind}
-    check_memory(spec, batch, device, dtype)
+    check_memory(spec, o.batch, o.device, o.dtype)
     module = zoo.get(info.name)
     try:
-        result = measure(
-            module,
-            spec,
-            device=device,
-            batch=batch,
-            dtype=dtype,
-            train=train,
-            steps=steps,
-            warmup=warmup,
-            compile=compile,
-            channels_last=channels_last,
-        )
+        result = measure(module, spec, o)
     except ZooError:
         raise
     except Exception as e:  # the model's own code raised (any exception), or torch ran out of memory
         text = " ".join(str(e).split())
         if isinstance(e, (MemoryError, torch.OutOfMemoryError)) or "can't allocate memory" in text:
             raise BenchFailed(
-                f"{info.name} ran out of memory on {device} at batch {batch}: give a smaller batch ({text[:300]})"
+                f"{info.name} ran out of memory on {o.device} at batch {o.batch}: give a smaller batch ({text[:300]})"
             ) from e
-        raise BenchFailed(f"{info.name} failed on {device} at batch {batch}: {reason(e)}") from e
-    shapes = [{**i, "shape": [batch, *i["shape"][1:]]} for i in info.inputs]
+        raise BenchFailed(f"{info.name} failed on {o.device} at batch {o.batch}: {reason(e)}") from e
+    shapes = [{**i, "shape": [o.batch, *i["shape"][1:]]} for i in info.inputs]
     values = {
         **kind,
         **result,
         "inputs": shapes,
-        "steps": steps,
-        "warmup": warmup,
+        "steps": o.steps,
+        "warmup": o.warmup,
         "versions": versions(),
         "who": who(),
     }
@@ -301,7 +287,7 @@ def run_search(zoo, expression, report=None, **options) -> list[dict]:
     stopped. A model that fails, whatever it raises, is reported ({"name", "error"}) and the run goes on; only an
     interrupt (KeyboardInterrupt) stops it.
     report(name, done, total, result) is called after each model."""
-    check_options(**{k: options[k] for k in ("device", "batch", "dtype", "steps", "warmup") if k in options})
+    BenchOptions.of({k: v for k, v in options.items() if k != "record"})
     if options.get("record", True):
         _ = zoo._writable  # a read-only registry is refused once, not reported as every model's failure
     names = [r["name"] for r in zoo.search(expression, fields=("name",))]

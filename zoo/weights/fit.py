@@ -52,9 +52,15 @@ class Fit:
     def exact(self) -> bool:
         return not (self.missing or self.unexpected or self.misshaped or self.dtype_mismatched)
 
+    @property
+    def loads(self) -> bool:
+        """Whether a strict load takes the file: every tensor found, of its shape (a dtype is cast)."""
+        return not (self.missing or self.unexpected or self.misshaped)
+
     def as_dict(self) -> dict:
         return {
             "exact": self.exact,
+            "loads": self.loads,
             "matched": len(self.matched),
             "missing": self.missing,
             "unexpected": self.unexpected,
