@@ -64,10 +64,13 @@ def get(name: str, registry: str | Zoo | None = None, **options) -> nn.Module:
         The module, materialized when weights or device is given (at once, or at first use with "lazy").
 
     Raises:
-        ModelNotFound, AmbiguousName, NotBuildable, BuildFailed, InvalidArgument, WeightsMismatch,
-        CheckpointError, MaterializeError: as Zoo.get.
+        ModelNotFound: no such model (AmbiguousName: a short name of several).
+        BuildFailed: the model does not build (NotBuildable: an indexed checkpoint).
+        InvalidArgument: a bad option.
+        WeightsMismatch: the weights do not fit (CheckpointError: they cannot be read).
+        MaterializeError: the allocation or load failed; the module is left as it was.
 
-    Example:
+    Examples:
         >>> zoo.get("timm/resnet50").fc
         Linear(in_features=2048, out_features=1000, bias=True)
     """
@@ -86,9 +89,10 @@ def info(name: str, tensors: bool = False, registry: str | Zoo | None = None) ->
         The ModelInfo.
 
     Raises:
-        ModelNotFound, AmbiguousName, RegistryNotFound: as Zoo.info.
+        ModelNotFound: no such model (AmbiguousName: a short name of several).
+        RegistryNotFound: no registry there.
 
-    Example:
+    Examples:
         >>> zoo.info("timm/resnet50").params
         25557032
     """
@@ -108,9 +112,11 @@ def check(name: str, weights, key_map=None, registry: str | Zoo | None = None) -
         A Fit (matched, missing, unexpected, misshaped; .exact, .loads).
 
     Raises:
-        ModelNotFound, BuildFailed, CheckpointError: as Zoo.check.
+        ModelNotFound: no such model.
+        BuildFailed: the model has no recorded tensors.
+        CheckpointError: the file cannot be read.
 
-    Example:
+    Examples:
         >>> zoo.check("timm/resnet18", "resnet18.safetensors").exact
         True
     """
@@ -137,9 +143,11 @@ def search(
         A list of ModelInfo, or of dicts with `fields`.
 
     Raises:
-        SearchSyntaxError, InvalidComparison, InvalidArgument, RegistryNotFound: as Zoo.search.
+        SearchSyntaxError: a malformed search or an unknown field (InvalidComparison: a value of the wrong kind).
+        InvalidArgument: a bad limit, order_by or field name.
+        RegistryNotFound: no registry there.
 
-    Example:
+    Examples:
         >>> [m.name for m in zoo.search("top1>85 and params<30M", order_by="-top1", limit=1)]
         ['timm/tiny_vit_21m_512.dist_in22k_ft_in1k']
     """
@@ -159,9 +167,11 @@ def scan(name_or_module, *inputs_or_shapes, registry: str | Zoo | None = None, *
         A Scan: a row per submodule.
 
     Raises:
-        ModelNotFound, AnalysisError, TokenizerNotCached: as Zoo.scan.
+        ModelNotFound: no such model.
+        AnalysisError: no input to run with, or a model that cannot run on meta.
+        TokenizerNotCached: a text for a model whose tokenizer is not in the hub cache.
 
-    Example:
+    Examples:
         >>> zoo.scan("timm/resnet18")["fc"].outputs
         [['', [1, 1000], 'float32']]
     """
@@ -181,9 +191,11 @@ def estimate(name_or_module, registry: str | Zoo | None = None, **options) -> Es
         An Estimate: each term in bytes, their total and the peak.
 
     Raises:
-        InvalidArgument, AnalysisError, ModelNotFound: as Zoo.estimate.
+        InvalidArgument: an unknown option.
+        AnalysisError: an option out of range, or a model that cannot run on meta.
+        ModelNotFound: no such model.
 
-    Example:
+    Examples:
         >>> zoo.estimate("timm/resnet50", batch=32, dtype="fp32", training=True, optimizer="sgd").total > 0
         True
     """
@@ -203,9 +215,10 @@ def transform(name: str, train: bool = False, test_size: bool = False, registry:
         A torchvision transform (PIL image -> normalized tensor).
 
     Raises:
-        ModelNotFound, InvalidArgument: as Zoo.transform.
+        ModelNotFound: no such model.
+        InvalidArgument: no recorded preprocessing.
 
-    Example:
+    Examples:
         >>> type(zoo.transform("timm/resnet50.a1_in1k")).__name__
         'Compose'
     """
@@ -225,10 +238,12 @@ def bench(name: str, registry: str | Zoo | None = None, **options) -> dict:
         The recorded run: samples per second, the configuration, the machine.
 
     Raises:
-        InvalidArgument: a bad option; BenchFailed: the model cannot run there (out of memory, no device);
-        ModelNotFound; RegistryError: the registry cannot be written.
+        InvalidArgument: a bad option.
+        BenchFailed: the model cannot run there (out of memory, say).
+        ModelNotFound: no such model.
+        RegistryError: the registry cannot be written.
 
-    Example:
+    Examples:
         >>> zoo.bench("timm/resnet18", registry="my.db", batch=8, steps=5)["samples_per_s"] > 0
         True
     """

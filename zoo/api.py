@@ -58,8 +58,7 @@ class Zoo(Recording):
         Returns:
             True when it can be opened for reading.
 
-        Raises:
-            Nothing: a missing file is False.
+        A missing file is False: it raises nothing.
         """
         return db.exists(self.url)
 
@@ -80,7 +79,7 @@ class Zoo(Recording):
             AmbiguousName: a short name of several models (they are named).
             RegistryNotFound: no registry at the URL.
 
-        Example:
+        Examples:
             >>> zoo.info("timm/resnet50").params
             25557032
         """
@@ -120,7 +119,7 @@ class Zoo(Recording):
             InvalidArgument: a bad limit, order_by or field name.
             RegistryNotFound: no registry at the URL.
 
-        Example:
+        Examples:
             >>> [m.name for m in zoo.search("params<3e6 and family=timm", order_by="-params", limit=2)]
             ['timm/efficientvit_m1', 'timm/efficientvit_m1.r224_in1k']
         """
@@ -217,7 +216,7 @@ class Zoo(Recording):
             ModelNotFound: no such model.
             InvalidArgument: no recorded preprocessing (see preprocess).
 
-        Example:
+        Examples:
             >>> zoo.transform("timm/resnet50.a1_in1k")
             Compose(...)
         """
@@ -255,7 +254,7 @@ class Zoo(Recording):
             CheckpointError: a file that cannot be read, or a tag whose sha256 changed.
             MaterializeError: the allocation or load failed; the module is left as it was.
 
-        Example:
+        Examples:
             >>> m = zoo.get("timm/resnet50")
             >>> m.fc.weight.device
             device(type='meta')
@@ -371,7 +370,7 @@ class Zoo(Recording):
             AnalysisError: an option out of range, or a model that cannot run on meta.
             ModelNotFound: no such model.
 
-        Example:
+        Examples:
             >>> zoo.estimate("timm/resnet50", batch=32, training=True).total
         """
         from zoo.analysis import estimate
@@ -400,7 +399,7 @@ class Zoo(Recording):
             BuildFailed: a model with no recorded tensors (it failed to build).
             CheckpointError: a file that cannot be read.
 
-        Example:
+        Examples:
             >>> zoo.check("timm/resnet18", "resnet18.safetensors").exact
             True
         """
@@ -458,9 +457,9 @@ def connect(url: str | None = None) -> Zoo:
         A Zoo (nothing is opened until a method needs it).
 
     Raises:
-        Nothing here: the first method that opens the registry raises RegistryNotFound or RegistryError.
+        RegistryNotFound: never here: the first method that opens a missing registry raises it.
 
-    Example:
+    Examples:
         >>> zoo.connect("registry.db").info("timm/resnet50").family
         'timm'
     """

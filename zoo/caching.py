@@ -43,10 +43,9 @@ def caches() -> dict[str, tuple[int, int]]:
     Returns:
         name -> (entries now, bound).
 
-    Raises:
-        Nothing.
+    It raises nothing.
 
-    Example:
+    Examples:
         >>> all(size <= bound for size, bound in zoo.caches().values())
         True
     """
@@ -60,10 +59,9 @@ def cache_clear() -> None:
     Returns:
         None.
 
-    Raises:
-        Nothing.
+    It raises nothing.
 
-    Example:
+    Examples:
         >>> zoo.cache_clear()
     """
     for c in _ALL.values():

@@ -54,7 +54,7 @@ class Recording:
             ModelNotFound: an unknown model.
             RegistryError: the registry cannot be written (the shipped one must be named).
 
-        Example:
+        Examples:
             >>> zoo.connect("my.db").add_weights("timm/resnet50", "r50.safetensors", tag="v1")
         """
         from zoo.indexing.indexer import is_constructor_tag
@@ -106,7 +106,7 @@ class Recording:
         Raises:
             InvalidArgument: an unknown source, or an option the source's method does not take.
 
-        Example:
+        Examples:
             >>> zoo.connect("my.db").index("timm", ["resnet*"], jobs=2).indexed[:1]
             ['timm/resnet10t']
         """
@@ -304,7 +304,7 @@ class Recording:
             ModelExists: the name is another model's (force replaces it).
             RegistryError: the registry cannot be written.
 
-        Example:
+        Examples:
             >>> zoo.connect("my.db").index_builder("mypkg.models:build_net", "net", inputs="1,3,32,32")
         """
         from zoo.analysis.inputs import parse_inputs
