@@ -278,12 +278,15 @@ class Zoo:
         """How a checkpoint fits a model, from the registry and the file's metadata alone (no tensor
         data read; torch is imported only for pickles)."""
         from zoo.weights.fit import fit, targets_from_table
-        from zoo.weights.opening import specs_of
+        from zoo.weights.opening import specs_and_origin
 
         info = self.info(name, tensors=True)
         if info.tensor_table is None or info.status != "ok":
             raise BuildFailed(f"{info.name} has no recorded tensors (status {info.status})")
-        return fit(targets_from_table(info.tensor_table), specs_of(self.weights_path(info.name, weights)), key_map)
+        specs, origin = specs_and_origin(self.weights_path(info.name, weights))
+        result = fit(targets_from_table(info.tensor_table), specs, key_map)
+        result.state_key = origin
+        return result
 
     def add_weights(self, name: str, path, tag: str = "default", strict: bool = True) -> str:
         """Record a weights file for a model under a tag, with its sha256, once it fits the model; returns the

@@ -174,6 +174,7 @@ def cmd_check(zoo, args) -> int:
             printable(
                 f"{args.weights}: {len(result.matched)} tensors match {args.name}"
                 + (" exactly" if result.exact else "")
+                + (f" (the checkpoint's {result.state_key!r} entry)" if result.state_key else "")
             )
         )
         for label, items in (
