@@ -404,12 +404,15 @@ class Zoo(Recording):
             True
         """
         from zoo.weights.fit import fit, targets_from_table
-        from zoo.weights.opening import specs_of
+        from zoo.weights.opening import specs_and_origin
 
         info = self.info(name, tensors=True)
         if info.tensor_table is None or info.status != "ok":
             raise BuildFailed(f"{info.name} has no recorded tensors (status {info.status})")
-        return fit(targets_from_table(info.tensor_table), specs_of(self.weights_path(info.name, weights)), key_map)
+        specs, origin = specs_and_origin(self.weights_path(info.name, weights))
+        result = fit(targets_from_table(info.tensor_table), specs, key_map)
+        result.state_key = origin
+        return result
 
     def weights_path(self, name: str, weights):
         """The file (or state dict) `weights` names for a model, as get and check resolve it.

@@ -111,10 +111,12 @@ class ModelExists(ZooError, FileExistsError):
 
 
 class WeightsMismatch(ZooError, ValueError):
-    """A checkpoint's keys or shapes do not fit the module; the message names them."""
+    """A checkpoint's keys or shapes do not fit the module; the message names them. `tied`: pairs of keys that
+    name one tensor of the module (a tie) and hold different values in the checkpoint."""
 
-    def __init__(self, missing=(), unexpected=(), misshaped=(), hint: str = ""):
+    def __init__(self, missing=(), unexpected=(), misshaped=(), hint: str = "", tied=()):
         self.missing, self.unexpected, self.misshaped = list(missing), list(unexpected), list(misshaped)
+        self.tied = list(tied)
         parts = []
         for label, keys in (("missing", self.missing), ("unexpected", self.unexpected)):
             if keys:
@@ -122,6 +124,9 @@ class WeightsMismatch(ZooError, ValueError):
         if self.misshaped:
             shown = ", ".join(f"{k} (file {list(f)}, model {list(m)})" for k, f, m in self.misshaped[:5])
             parts.append(f"{len(self.misshaped)} misshaped: {shown}{' ...' if len(self.misshaped) > 5 else ''}")
+        if self.tied:
+            pairs = ", ".join(f"{a} and {b}" for a, b in self.tied[:5])
+            parts.append(f"{len(self.tied)} tied pair(s) with different values: {pairs}")
         super().__init__("weights do not fit the model: " + "; ".join(parts) + (f". {hint}" if hint else ""))
 
 

@@ -43,7 +43,8 @@ class WeightsRef:
     dict, Source or path object, loaded as it is), "path" (a file or directory), "tag" (a file recorded
     for the model, sha256 checked), "hub" (hf://ORG/NAME, through the hub cache), "pretrained" (the library's
     published weights: `tag`, None for its default) or "constructor" (the constructor reads its own
-    files, checked). source: what load_into reads; None where the constructor gives the values."""
+    files, checked). source: what load_into reads; None where the constructor gives the values. tag: a tag's
+    or published weights' name, a hub ref's repo id."""
 
     kind: str
     source: object = None
@@ -77,9 +78,9 @@ def weights_file(url: str | None, name: str | None, weights) -> WeightsRef:
             ".materialize(weights='pretrained'); it names no single file to check"
         )
     if weights.startswith("hf://"):
-        from zoo.weights.hub import resolve_hub_weights
+        from zoo.weights.hub import parse_uri, resolve_hub_weights
 
-        return WeightsRef("hub", resolve_hub_weights(weights))
+        return WeightsRef("hub", resolve_hub_weights(weights), tag=parse_uri(weights)[0])
     if weights.startswith("~"):  # the user's home, as a shell would have read it before handing zoo the path
         return WeightsRef("path", os.path.expanduser(weights))
     if "/" in weights:
@@ -119,6 +120,30 @@ def open_tag(ref: WeightsRef):
         source.close()
         raise
     return source
+
+
+def from_pretrained_state(module, ref: WeightsRef, mode: bool = True) -> None:
+    """A transformers model loaded from a folder (or a hub repo) given the state from_pretrained gives it: eval
+    mode, the folder's config fields and generation config, name_or_path (zoo.families.hf_loaded)."""
+    from zoo.families.hf_loaded import as_from_pretrained
+    from zoo.weights.sources import split_ema
+
+    folder, name = None, None
+    if ref.kind == "hub":
+        folder, name = Path(str(ref.source)).parent, ref.tag  # the snapshot, and what from_pretrained is given
+    elif isinstance(ref.source, (str, os.PathLike)) and ref.kind in ("path", "tag", "given"):
+        path = Path(split_ema(ref.source)[0])
+        folder = path if path.is_dir() else path.parent
+        if (folder / "config.json").is_file():  # a folder from_pretrained could load: the name it would record
+            name = str(ref.source) if path.is_dir() else str(folder)
+    as_from_pretrained(module, folder, name, mode)
+
+
+def is_local_path(weights) -> bool:
+    """weights= that names a file or folder by its path (a tag or hf://ORG/NAME needs resolving first)."""
+    if isinstance(weights, os.PathLike):
+        return True
+    return isinstance(weights, str) and not weights.startswith("hf://") and ("/" in weights or weights[:1] == "~")
 
 
 def constructor_files(url: str | None, name: str | None) -> list[str]:
@@ -168,13 +193,18 @@ class Materializer:
     read from the library's own cache (see zoo.pretrained); a torchvision model also takes torchvision's
     spellings: "DEFAULT", a weights name ("IMAGENET1K_V2") or a WeightsEnum member. After each call,
     .incompatible_keys holds the missing and unexpected keys (empty unless strict=False), as
-    load_state_dict returns them. Any materialization cancels a pending lazy load (.pending). An object,
-    not a closure, so that the module pickles."""
+    load_state_dict returns them; .state_key the entry of a training checkpoint the state dict was read
+    from ("state_dict", "model", "state_dict_ema", ...; None: the file is one). A transformers model loaded
+    from a folder is left as from_pretrained leaves it (eval mode, the folder's config, generation config and
+    name_or_path). Any materialization cancels a pending lazy load (.pending). An object, not a closure, so
+    that the module pickles."""
 
     def __init__(self, module):
         self.module = module
         self.incompatible_keys = None
+        self.state_key: str | None = None
         self.pending: LazyLoad | None = None
+        self.prepared = False  # a lazy get took from_pretrained's state already: its load leaves it as it is
 
     def __call__(
         self,
@@ -213,12 +243,33 @@ class Materializer:
             source, strict = pretrained_source(state.recipe, ref.tag, self.module, state.load_args)
             keys = load_into(self.module, weights=source, strict=strict, **options)
         else:
-            with open_tag(ref) if ref.kind == "tag" else contextlib.nullcontext(ref.source) as weights:
+            with _opened(ref) as weights:
                 keys = load_into(self.module, weights=weights, strict=strict, key_map=key_map, **options)
+                self.state_key = getattr(weights, "origin", None)
         self.incompatible_keys = keys
+        if ref.kind != "init" and not (only_meta and self.prepared):
+            from_pretrained_state(self.module, ref, mode=not only_meta)
         if self.pending is not None:
             self.pending.detach()
         return self.module
+
+    def prepare(self, weights) -> None:
+        """A lazy get: from_pretrained's state now (generate() reads the generation config before it uses any
+        weight), from the folder a path names; a tag's or a hub repo's is taken at the load."""
+        if weights is None:
+            return  # initialized, not loaded: from_config's state, which it has
+        local = is_local_path(weights)
+        from_pretrained_state(self.module, WeightsRef("path", os.path.expanduser(weights) if local else None))
+        self.prepared = local
+
+
+def _opened(ref: WeightsRef):
+    """The source load_into reads for a ref, opened here so that the key it was found under is known."""
+    from zoo.weights.opening import open_source
+
+    if ref.kind == "tag":
+        return open_tag(ref)
+    return contextlib.nullcontext(None) if ref.source is None else open_source(ref.source)
 
 
 class _BeforeCall:
@@ -247,7 +298,9 @@ class LazyLoad:
     load never overwrites a tensor that is not on meta, and an explicit .materialize cancels it. It
     keeps waiting until a load succeeds. It is the module's .materialize.pending until then."""
 
-    USES = ("state_dict", "load_state_dict", "_apply", "to_empty")
+    # named_children: torch.jit.trace and quantize_dynamic walk the module with it before they read a value
+    # (train() and eval() walk it too, and read none: they do not load); __prepare_scriptable__: torch.jit.script
+    USES = ("state_dict", "load_state_dict", "_apply", "to_empty", "named_children", "train", "__prepare_scriptable__")
     LISTINGS = ("named_parameters", "named_buffers")  # parameters() and buffers() call these
 
     def __init__(self, module, options: dict):
@@ -259,6 +312,7 @@ class LazyLoad:
         for listing in self.LISTINGS:
             module.__dict__[listing] = functools.partial(self._listed, listing)
         module.materialize.pending = self
+        module.materialize.prepare(options["weights"])
 
     def load(self) -> None:
         if self.busy:  # the load itself, or to_empty, uses the module: no second load from inside it
@@ -299,6 +353,21 @@ class LazyLoad:
     def _apply(self, sub, fn, recurse=True):
         self.load()
         return type(sub)._apply(sub, fn, recurse)
+
+    def named_children(self, sub):
+        self.load()
+        return type(sub).named_children(sub)
+
+    def train(self, sub, mode=True):
+        busy, self.busy = self.busy, True  # a mode is no value: no load
+        try:
+            return type(sub).train(sub, mode)
+        finally:
+            self.busy = busy
+
+    def __prepare_scriptable__(self, sub):
+        self.load()
+        return sub
 
     def to_empty(self, sub, *, device, recurse=True):
         self.busy = True  # empty memory is what the user asks for: no load first

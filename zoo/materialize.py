@@ -20,8 +20,9 @@ from zoo.state import state_of
 from zoo.weights.alloc import allocate, map_private, parallel, populate
 from zoo.weights.fit import Fit, Part, Target, fit
 from zoo.weights.opening import open_source
+from zoo.weights.parametrized import through_parametrizations
 from zoo.weights.placement import leading_rows
-from zoo.weights.slots import Slot, like, slots_of
+from zoo.weights.slots import Slot, differing_ties, like, slots_of
 from zoo.weights.sources import SafetensorsSource, Source
 from zoo.weights.stream import stream_into
 
@@ -126,7 +127,8 @@ def load_into(
         else:
             if key_map is None:  # transformers' own renames and expert fusing, as from_pretrained does
                 key_map = hf_key_map(module, [n for s in slots_of(module) for n in s.names])
-            with open_source(weights) as source:
+            with open_source(weights) as opened:
+                source = through_parametrizations(module, opened)  # weight_norm and the like, added since
                 result = _load(
                     slots,
                     source,
@@ -267,6 +269,13 @@ def _load(
         reads,
         lambda read: read[1].new.nbytes // (1 if read[2] is None else read[1].local_shape[0] * read[2].pieces),
     )
+    differ = differing_ties(slots, result.tied, result.matched, source)
+    if differ:  # from_pretrained unties such a pair; this model ties them: one of the two would be lost
+        raise WeightsMismatch(
+            tied=differ,
+            hint="the model holds one tensor for both names: get it untied (an hf model: zoo.get(name, "
+            "tie_word_embeddings=False), as from_pretrained then loads both), or map one key to None (key_map)",
+        )
     source.check_unchanged()
     if missing:  # strict=False: the constructor's own values, as if these keys were never asked for
         _from_constructor(missing, device, recipe, constructed)

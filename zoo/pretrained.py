@@ -27,7 +27,7 @@ from zoo.families.timm_loader import timm_load_arguments
 from zoo.families.torchvision import weights_of
 from zoo.weights.hub import offline
 from zoo.weights.placement import box_slices
-from zoo.weights.sources import PICKLE_SUFFIXES, SafetensorsSource, Source, Spec, TensorDictSource, load_pickle
+from zoo.weights.sources import SafetensorsSource, Source, Spec, TensorDictSource, is_pickle, load_pickle
 
 
 def published_tag(recipe, weights):
@@ -181,7 +181,7 @@ def timm_source(builder: str, kwargs: dict, module, recorded: dict | None = None
         except BaseException:
             checked.close()
             raise
-    elif path.suffix in PICKLE_SUFFIXES or path.name.endswith(".pth.tar"):
+    elif is_pickle(path):
         check()  # a pickle is not even unpickled before its hash checks
         tensors = _call_filter(args["filter_fn"], load_pickle(path), module)  # weights_only, memory-mapped
         source = TensorDictSource(tensors)

@@ -170,7 +170,8 @@ def cmd_check(zoo, args) -> int:
     if args.json:
         print(json.dumps(result.as_dict(), indent=1))
     else:
-        print(printable(f"{args.weights}: {fit_summary(result, args.name)}"))
+        entry = f" (its {result.state_key!r} entry)" if result.state_key else ""  # a training script's checkpoint
+        print(printable(f"{args.weights}{entry}: {fit_summary(result, args.name)}"))
         for label, items in (
             ("missing", result.missing),
             ("unexpected", result.unexpected),

@@ -5,7 +5,7 @@ from pathlib import Path
 
 from zoo.errors import CheckpointError, NotBuildable
 from zoo.inspection import TensorInfo
-from zoo.weights.sources import PICKLE_SUFFIXES
+from zoo.weights.sources import PICKLE_SUFFIXES, is_pickle
 
 NAME = "checkpoint"
 BUILDS = False  # a checkpoint row records a file's tensors: there is no module to get
@@ -42,10 +42,10 @@ def read_tensors(path: str | Path) -> list[TensorInfo]:
             TensorInfo(e.name, "parameter", True, e.shape, e.dtype, math.prod(e.shape), e.end - e.start)
             for e in entries
         ]
-    if path.suffix in PICKLE_SUFFIXES:
+    if is_pickle(path):
         return _pickle_tensors(path)
     raise CheckpointError(
-        f"{path}: unknown checkpoint format (want .safetensors, {', '.join(sorted(PICKLE_SUFFIXES))})"
+        f"{path}: unknown checkpoint format (want .safetensors, {', '.join(sorted(PICKLE_SUFFIXES))}, .pth.tar)"
     )
 
 

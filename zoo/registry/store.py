@@ -165,7 +165,7 @@ def _refuse_takeover(session: Session, row: Model | None, family: str, builder: 
         f"{row.name} is already a {row.family} model (builder {row.builder}); indexing {family} "
         f"builder {builder} would replace it"
         + (f" and drop its weights tags {', '.join(tags)}" if tags else "")
-        + ": choose another --name, or pass --force to replace it"
+        + ": choose another name, or replace it (force=True; zoo index --force)"
     )
 
 

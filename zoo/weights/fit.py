@@ -47,6 +47,10 @@ class Fit:
     # target index -> the key it is read from as well: a tie the model was built with and that is broken now
     # (tensor parallelism distributes an embedding and its tied head separately), filled from the tie's one key
     untied: dict[int, str] = field(default_factory=dict)
+    # checkpoint key -> target index: a second key for one tied tensor (a state dict holding both names of a
+    # tie), shape-checked here and compared with the first key's values at load (not read into the tensor)
+    tied: dict[str, int] = field(default_factory=dict)
+    state_key: str | None = None  # the training checkpoint's entry the state dict was read from ("state_dict", ...)
 
     @property
     def exact(self) -> bool:
@@ -66,6 +70,7 @@ class Fit:
             "unexpected": self.unexpected,
             "misshaped": [list(m) for m in self.misshaped],
             "dtype_mismatched": [list(m) for m in self.dtype_mismatched],
+            **({"state_key": self.state_key} if self.state_key else {}),
         }
 
 
@@ -92,8 +97,9 @@ def fit(targets: list[Target], specs: dict, key_map=None, ignore=frozenset(), ti
             continue
         target, spec = targets[index], specs[key]
         if part is None:
-            if index in whole:
-                continue  # a tie is loaded once, from its first key
+            # a tie is read once, from its first key; every other key of it is checked too: the file's key
+            # order must not decide which of two different tensors the model gets
+            (result.tied if index in whole else result.matched)[key] = index
             whole.add(index)
             expected: tuple | None = tuple(target.shape)
         else:
@@ -102,8 +108,8 @@ def fit(targets: list[Target], specs: dict, key_map=None, ignore=frozenset(), ti
                 continue
             pieces[index].add(part)
             result.parts[key] = part
+            result.matched[key] = index
             expected = part.shape(tuple(target.shape))
-        result.matched[key] = index
         if expected is None or tuple(spec.shape) != expected:
             result.misshaped.append((key, tuple(spec.shape), tuple(target.shape)))
         elif spec.dtype != target.dtype:

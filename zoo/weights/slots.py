@@ -59,3 +59,18 @@ def like(old: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
     return DTensor.from_local(
         new, old.device_mesh, old.placements, run_check=False, shape=old.shape, stride=old.stride()
     )
+
+
+def differing_ties(slots: list[Slot], tied: dict[str, int], matched: dict[str, int], source) -> list[tuple[str, str]]:
+    """(first key, other key) for each second key of a tied tensor whose values differ from those read into the
+    tensor from its first key. Each is read aside, as the slot's dtype, and compared on the slot's device."""
+    first = {index: key for key, index in matched.items()}
+    differ = []
+    for key, index in tied.items():
+        slot = slots[index]
+        assert slot.new is not None  # read from the first key
+        other = torch.empty(slot.local_shape, dtype=slot.new.dtype)
+        source.read_into(key, other, slot.box)
+        if not torch.equal(other.to(slot.new.device), slot.new):
+            differ.append((first[index], key))
+    return differ

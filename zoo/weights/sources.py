@@ -23,6 +23,12 @@ from zoo.weights.paths import open_regular, regular_file
 from zoo.weights.placement import Box, box_slices, leading_rows
 
 PICKLE_SUFFIXES = {".pt", ".pth", ".bin", ".ckpt"}
+# Where training scripts keep the model's state in the checkpoints they write: timm's train.py (last.pth.tar,
+# model_best.pth.tar: state_dict, state_dict_ema), torchvision's references (checkpoint.pth: model, model_ema),
+# Lightning and others. The first key present is read; `#ema` after the path asks for the EMA copy.
+STATE_KEYS = ("state_dict", "model", "module", "model_state_dict")
+EMA_KEYS = ("state_dict_ema", "model_ema")
+EMA_FRAGMENT = "#ema"
 _CAST_CHUNK = 16 << 20  # bytes of the file converted at a time: a cast load's transient memory per thread
 
 
@@ -209,9 +215,10 @@ def _uint8():
 
 
 class TensorDictSource(Source):
-    """A state dict already in memory, or a pickle loaded with weights_only=True (memory-mapped when it can be)."""
+    """A state dict already in memory, or a pickle loaded with weights_only=True (memory-mapped when it can be).
+    origin: the key of a training checkpoint the state dict was found under (None: the file is one)."""
 
-    def __init__(self, tensors: dict):
+    def __init__(self, tensors: dict, origin: str | None = None):
         import torch
 
         bad = [k for k, v in tensors.items() if not isinstance(v, torch.Tensor)]
@@ -223,7 +230,7 @@ class TensorDictSource(Source):
             raise CheckpointError(
                 f"state dict entries with no plain values to load (on meta, sparse or quantized): {empty[:5]}"
             )
-        self.tensors = tensors
+        self.tensors, self.origin = tensors, origin
         self.specs = _specs(tensors)
 
     def read_into(self, name, dest, box=None) -> None:
@@ -235,27 +242,49 @@ def _specs(tensors: dict) -> dict[str, Spec]:
     return {k: Spec(dtype_name(v.dtype), tuple(v.shape)) for k, v in tensors.items()}
 
 
+def is_pickle(path: Path) -> bool:
+    """A torch.save file by its name: .pt, .pth, .bin, .ckpt, or timm's .pth.tar (a torch zip, not a tar)."""
+    return path.suffix in PICKLE_SUFFIXES or path.name.endswith(".pth.tar")
+
+
+def split_ema(weights):
+    """(path, ema): a path ending in #ema that names no file as it is asks for a training checkpoint's EMA copy."""
+    if isinstance(weights, (str, os.PathLike)) and str(weights).endswith(EMA_FRAGMENT) and not os.path.lexists(weights):
+        return type(weights)(str(weights)[: -len(EMA_FRAGMENT)]), True
+    return weights, False
+
+
 def load_pickle(path: Path, on_meta: bool = False) -> dict:
-    """A torch checkpoint's state dict, weights-only: a pickle that would run code is refused.
+    """A torch checkpoint's state dict (see load_checkpoint)."""
+    return load_checkpoint(path, on_meta)[0]
+
+
+def load_checkpoint(path: Path, on_meta: bool = False, ema: bool = False) -> tuple[dict, str | None]:
+    """A torch checkpoint's state dict and the key it was found under, weights-only: a pickle that would run
+    code is refused. Training scripts' checkpoints also hold their arguments as an argparse.Namespace: it is
+    allowed as data (an object with a __dict__ of what the unpickler builds anyway), never a constructor call.
 
     A zip checkpoint (torch.save's default) is memory-mapped, or loaded on meta (no data read); its
     records are first checked to hold the bytes the pickle asks for, which torch skips under mmap.
     A legacy (non-zip) one cannot be mapped: it is read into memory (on meta: read and dropped)."""
+    import argparse
+
     import torch
 
     with os.fdopen(open_regular(path), "rb") as f:
         is_zip = f.read(4) == b"PK\x03\x04"  # torch's own test (torch.serialization._is_zipfile)
     try:
-        if is_zip:
-            _check_zip_records(path)
-        obj = torch.load(
-            path, map_location="meta" if on_meta else "cpu", weights_only=True, mmap=is_zip and not on_meta
-        )
+        with torch.serialization.safe_globals([argparse.Namespace]):
+            if is_zip:
+                _check_zip_records(path)
+            obj = torch.load(
+                path, map_location="meta" if on_meta else "cpu", weights_only=True, mmap=is_zip and not on_meta
+            )
     except CheckpointError:
         raise
     except Exception as e:  # whatever a corrupt file makes torch or its unpickler raise
         raise CheckpointError(_pickle_failure(path, e)) from None
-    return unwrap_state_dict(obj, path)
+    return state_dict_of(obj, path, ema)
 
 
 def _pickle_failure(path, e: Exception) -> str:
@@ -323,21 +352,34 @@ def archive_records(archive: zipfile.ZipFile, where: str) -> tuple[dict, str]:
 
 def unwrap_state_dict(obj, where="checkpoint") -> dict:
     """The tensors of a checkpoint dict: itself, or under "state_dict" / "model" / "module" as trainers save them."""
+    return state_dict_of(obj, where)[0]
+
+
+def state_dict_of(obj, where="checkpoint", ema: bool = False) -> tuple[dict, str | None]:
+    """The tensors of a checkpoint dict and the key they were under (None: the dict itself): under one of
+    STATE_KEYS as trainers save them, or with `ema` one of EMA_KEYS. torchvision's EMA is an AveragedModel's
+    state dict: its `module.` prefix is the wrapper's (removed when matching), its n_averaged no weight."""
     import torch
 
+    keys, used = EMA_KEYS if ema else STATE_KEYS, list[str]()
     for _ in range(3):
-        if isinstance(obj, dict) and obj and all(isinstance(v, torch.Tensor) for v in obj.values()):
-            return obj
-        if isinstance(obj, dict):
-            inner = next((obj[k] for k in ("state_dict", "model", "module", "model_state_dict") if k in obj), None)
-            if isinstance(inner, dict):
-                obj = inner
-                continue
-        break
+        plain = isinstance(obj, dict) and obj and all(isinstance(v, torch.Tensor) for v in obj.values())
+        if plain and (used or not ema):  # a state dict itself (an EMA copy is under a key)
+            break
+        key = next((k for k in keys if isinstance(obj, dict) and isinstance(obj.get(k), dict)), None)
+        if key is None:
+            break
+        obj, keys = obj[key], STATE_KEYS
+        used.append(key)
+    if ema and not used:
+        found = ", ".join(sorted(str(k) for k in obj)) if isinstance(obj, dict) else type(obj).__name__
+        raise CheckpointError(f"{where}: holds no EMA state dict ({' or '.join(EMA_KEYS)}; it holds {found})")
     if isinstance(obj, dict):
         tensors = {k: v for k, v in obj.items() if isinstance(v, torch.Tensor)}
+        if "n_averaged" in tensors and all(k.startswith("module.") for k in tensors if k != "n_averaged"):
+            del tensors["n_averaged"]
         if tensors:
-            return tensors
+            return tensors, ".".join(used) or None
     raise CheckpointError(f"{where}: holds no state dict of tensors")
 
 
