@@ -301,8 +301,9 @@ def test_a_shard_that_shrinks_mid_load_leaves_the_module_on_meta(zoo_at, tmp_pat
     m = zoo_at.get("timm/resnet18")
     with pytest.raises(CheckpointError, match="early"):
         from zoo import materialize as mat
+        from zoo.load_options import LoadOptions
 
-        mat._load(mat.slots_of(m), source, torch.device("cpu"), None, True, None, True, False, None)
+        mat._load(mat.slots_of(m), source, LoadOptions.of("cpu", copy=True))
     assert _still_meta(m)
     with pytest.raises(CheckpointError):
         materialize(m, weights=path)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from zoo.columns import check_name
@@ -184,8 +184,8 @@ def bind(module, state: ZooState):
 
 
 class Materializer:
-    """A gotten module's .materialize(device="cpu", weights=None, dtype=None, strict=True, key_map=None,
-    copy=None, cast_non_persistent=False, reinit=False) (see zoo.materialize.materialize); `weights` may
+    """A gotten module's .materialize(device="cpu", weights=None, **options), the options those of
+    zoo.materialize.materialize (dtype, strict, key_map, copy, cast_non_persistent, reinit); `weights` may
     also be a tag recorded for the model, hf://ORG/NAME, or "constructor" for a model whose constructor loads
     weights files it ships (checked by sha256, then loaded by the constructor itself), or "pretrained" for
     the library's published weights of a timm or torchvision model (a variant row: its tag; an architecture
@@ -206,18 +206,8 @@ class Materializer:
         self.pending: LazyLoad | None = None
         self.prepared = False  # a lazy get took from_pretrained's state already: its load leaves it as it is
 
-    def __call__(
-        self,
-        device="cpu",
-        weights=None,
-        dtype=None,
-        strict=True,
-        key_map=None,
-        copy=None,
-        cast_non_persistent=False,
-        reinit=False,
-        only_meta=False,
-    ):
+    def __call__(self, device="cpu", weights=None, **options):
+        from zoo.load_options import LoadOptions
         from zoo.materialize import load_into
         from zoo.pretrained import pretrained_source
 
@@ -228,27 +218,19 @@ class Materializer:
                 "with zoo.get, or use zoo.materialize.materialize with weights="
             )
         ref = resolve_weights(weights, state)
-        options = dict(
-            device=device,
-            dtype=dtype,
-            copy=copy,
-            cast_non_persistent=cast_non_persistent,
-            recipe=state.recipe,
-            reinit=reinit,
-            only_meta=only_meta,
-        )
+        o = LoadOptions.of(device, recipe=state.recipe, **options)  # refused before a file is opened
         if ref.kind == "pretrained":
-            if key_map is not None:
+            if o.key_map is not None:
                 raise InvalidArgument("weights='pretrained' maps keys as the library does: key_map does not apply")
             source, strict = pretrained_source(state.recipe, ref.tag, self.module, state.load_args)
-            keys = load_into(self.module, weights=source, strict=strict, **options)
+            keys = load_into(self.module, source, replace(o, strict=strict))
         else:
-            with _opened(ref) as weights:
-                keys = load_into(self.module, weights=weights, strict=strict, key_map=key_map, **options)
-                self.state_key = getattr(weights, "origin", None)
+            with _opened(ref) as opened:
+                keys = load_into(self.module, opened, o)
+                self.state_key = getattr(opened, "origin", None)
         self.incompatible_keys = keys
-        if ref.kind != "init" and not (only_meta and self.prepared):
-            from_pretrained_state(self.module, ref, mode=not only_meta)
+        if ref.kind != "init" and not (o.only_meta and self.prepared):
+            from_pretrained_state(self.module, ref, mode=not o.only_meta)
         if self.pending is not None:
             self.pending.detach()
         return self.module

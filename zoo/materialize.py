@@ -5,15 +5,16 @@ out-of-memory leaves it exactly as it was, on meta, and the new memory is freed.
 """
 
 import os
+from dataclasses import replace
 
 import torch
 from torch import nn
 from torch.nn.modules.module import _IncompatibleKeys as IncompatibleKeys  # load_state_dict's
 
-from zoo.dtypes import float_dtype
 from zoo.errors import CheckpointError, InvalidArgument, MaterializeError, WeightsMismatch
 from zoo.families.hf_keys import hf_key_map, is_transformers_model
 from zoo.inspection import dtype_name
+from zoo.load_options import LoadOptions
 from zoo.meta import value_of
 from zoo.plain_tensors import plain_tensor_values
 from zoo.state import state_of
@@ -32,21 +33,10 @@ STREAMED = ("cuda",)  # device types that safetensors files stream onto through 
 VIEW_ALIGNMENT = 64
 
 
-def materialize(
-    module: nn.Module,
-    device="cpu",
-    weights=None,
-    dtype: torch.dtype | str | None = None,
-    strict: bool = True,
-    key_map=None,
-    copy: bool | None = None,
-    cast_non_persistent: bool = False,
-    recipe=None,
-    reinit: bool = False,
-    only_meta: bool = False,
-) -> nn.Module:
+def materialize(module: nn.Module, device="cpu", weights=None, **options) -> nn.Module:
     """Allocate `module`'s meta tensors on `device` and fill them, in place; returns module (load_into
-    does the same and returns the missing and unexpected keys, as load_state_dict does).
+    does the same and returns the missing and unexpected keys, as load_state_dict does). `options` are
+    zoo.load_options.LoadOptions: dtype, strict, key_map, copy, cast_non_persistent, recipe, reinit, only_meta.
 
     weights: a .safetensors file, a sharded checkpoint (directory or *.safetensors.index.json), a
     torch pickle (.pt/.pth/.bin/.ckpt, weights_only=True; memory-mapped unless legacy non-zip), a
@@ -79,43 +69,24 @@ def materialize(
     Arguments, keys, shapes and headers are checked before anything is allocated; a failure after
     that leaves the module exactly as it was.
     """
-    load_into(module, device, weights, dtype, strict, key_map, copy, cast_non_persistent, recipe, reinit, only_meta)
+    load_into(module, weights, LoadOptions.of(device, **options))
     return module
 
 
-def load_into(
-    module: nn.Module,
-    device="cpu",
-    weights=None,
-    dtype=None,
-    strict: bool = True,
-    key_map=None,
-    copy: bool | None = None,
-    cast_non_persistent: bool = False,
-    recipe=None,
-    reinit: bool = False,
-    only_meta: bool = False,
-) -> IncompatibleKeys:
-    """materialize, returning the missing and unexpected keys (empty unless strict=False), as
-    load_state_dict does."""
-    if copy is False and str(device).split(":")[0] != "cpu":
-        raise InvalidArgument(
-            f"copy=False makes tensors views of the file mapped in CPU memory; on {device} they "
-            f"are always copied: leave copy unset"
-        )
-    # an integer dtype would fail in the swap (an integer parameter cannot require grad): refused first
-    device, dtype = _device(device), None if dtype is None else float_dtype(dtype)
-    if device.type == "cuda" and device.index is None:
-        device = torch.device("cuda", torch.cuda.current_device())  # each rank's own, as set_device chose
+def load_into(module: nn.Module, weights, o: LoadOptions) -> IncompatibleKeys:
+    """materialize with its options resolved, returning the missing and unexpected keys (empty unless
+    strict=False), as load_state_dict does."""
     state = state_of(module)  # a module zoo.get returned knows how it was built
-    recipe = recipe if recipe is not None or state is None else state.recipe
+    if o.recipe is None and state is not None:
+        o = replace(o, recipe=state.recipe)
+    device, dtype, recipe = o.device, o.dtype, o.recipe
     slots = slots_of(module)
-    kept = frozenset(n for s in slots if only_meta and not s.tensor.is_meta for n in s.names)
+    kept = frozenset(n for s in slots if o.only_meta and not s.tensor.is_meta for n in s.names)
     slots = [s for s in slots if not kept.intersection(s.names)]
-    if reinit and weights is not None:
+    if o.reinit and weights is not None:
         raise InvalidArgument("reinit=True re-initializes from the constructor: it takes no weights")
     held = [s.name for s in slots if s.is_param and not s.tensor.is_meta] if weights is None else []
-    if held and not reinit:
+    if held and not o.reinit:
         raise MaterializeError(
             f"the module already holds values ({_names(held)}); materialize() without weights "
             f"would re-initialize them: pass reinit=True to do that, or weights="
@@ -125,28 +96,15 @@ def load_into(
         if weights is None:
             _initialize(slots, device, recipe)
         else:
-            if key_map is None:  # transformers' own renames and expert fusing, as from_pretrained does
-                key_map = hf_key_map(module, [n for s in slots_of(module) for n in s.names])
+            if o.key_map is None:  # transformers' own renames and expert fusing, as from_pretrained does
+                o = replace(o, key_map=hf_key_map(module, [n for s in slots_of(module) for n in s.names]))
             with open_source(weights) as opened:
                 source = through_parametrizations(module, opened)  # weight_norm and the like, added since
-                result = _load(
-                    slots,
-                    source,
-                    device,
-                    dtype,
-                    strict,
-                    key_map,
-                    copy,
-                    cast_non_persistent,
-                    recipe,
-                    kept,
-                    state.ties if state else (),
-                    _view_alignment(module),
-                )
+                result = _load(slots, source, o, kept, state.ties if state else (), _view_alignment(module))
         _fill_non_persistent(slots, device, recipe)
         for slot in slots:
             assert slot.new is not None  # initialized, loaded or filled above
-            want = _target_dtype(slot, dtype, cast_non_persistent)
+            want = _target_dtype(slot, dtype, o.cast_non_persistent)
             if slot.new.device != device or slot.new.dtype != want:
                 slot.new = slot.new.to(device=device, dtype=want)
             slot.new = like(slot.tensor, slot.new)
@@ -161,20 +119,6 @@ def load_into(
     for mod, attr, value in plain:
         mod.__dict__[attr] = value
     return IncompatibleKeys(result.missing, result.unexpected)
-
-
-def _device(device) -> torch.device:
-    """The device, tried with an empty tensor: an absent backend or device index fails here, not halfway."""
-    try:
-        device = torch.device(device)
-        torch.empty(0, device=device)
-    except Exception as e:
-        hint = "; did you mean 'cuda'?" if str(device).lower().startswith("gpu") else ""
-        why = " ".join(str(e).split())[:200]
-        raise InvalidArgument(f"device {str(device)!r} cannot be used{hint} ({why})", "device") from None
-    if device.type == "meta":
-        raise InvalidArgument("device='meta': the module is on meta already; materialize onto 'cpu', 'cuda', ...")
-    return device
 
 
 def _names(names: list[str], n: int = 5) -> str:
@@ -213,21 +157,9 @@ def check_fit(
     return [(key, slots[i]) for key, i in pairs], result
 
 
-def _load(
-    slots,
-    source: Source,
-    device,
-    dtype,
-    strict,
-    key_map,
-    copy,
-    cast_non_persistent,
-    recipe,
-    ignore=frozenset(),
-    ties=(),
-    alignment=VIEW_ALIGNMENT,
-) -> Fit:
-    pairs, result = check_fit(slots, source.specs, strict, key_map, ignore, ties)
+def _load(slots, source: Source, o: LoadOptions, ignore=frozenset(), ties=(), alignment=VIEW_ALIGNMENT) -> Fit:
+    device, dtype, recipe, copy = o.device, o.dtype, o.recipe, o.copy
+    pairs, result = check_fit(slots, source.specs, o.strict, o.key_map, ignore, ties)
     parts = {key: (slot, result.parts[key]) for key, slot in pairs if key in result.parts}  # each fills part of one
     plan = [(key, slot) for key, slot in pairs if key not in result.parts]  # (key, slot): each fills a whole tensor
     fused = list({id(slot): slot for slot, _ in parts.values()}.values())
@@ -239,13 +171,13 @@ def _load(
             slot.new = slot.tensor.to(device)
     if copy is not True and device.type == "cpu" and isinstance(source, SafetensorsSource):
         insist = copy is False
-        plan = _map_file_views(plan, source, dtype, cast_non_persistent, insist, None if insist else alignment)
+        plan = _map_file_views(plan, source, dtype, o.cast_non_persistent, insist, None if insist else alignment)
     if copy is False and (plan or parts):
         raise InvalidArgument(
             f"copy=False: {_names([k for k, _ in plan] + [*parts])} cannot be views of the file (a "
             f"cast, a pickle, misaligned, fused or strided tensors): leave copy unset to copy those"
         )
-    _allocate_slots([*(s for _, s in plan), *fused], device, dtype, cast_non_persistent)
+    _allocate_slots([*(s for _, s in plan), *fused], device, dtype, o.cast_non_persistent)
     # (key, slot, part): no local holds a new tensor (a traceback keeps its frames' locals; on an error the
     # slots must be the only holders)
     reads: list[tuple[str, Slot, Part | None]] = [(key, slot, None) for key, slot in plan]
