@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 # Wait this long for another apt or dpkg process (an unattended upgrade) to let go of its lock, instead of failing.
 APT := apt-get -o DPkg::Lock::Timeout=600 -qq
 
-.PHONY: run test lint test-fast test-timm-checks registry bench sweep docs
+.PHONY: run test lint test-fast test-timm-checks test-zoo registry bench sweep docs
 
 $(RUNTIME): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -62,6 +62,11 @@ test-fast: $(STAMP)
 test-timm-checks: $(STAMP)
 	$(BIN)/python -m pytest -q tests/test_timm_checks.py
 
+# Every timm and torchvision model and variant of the shipped registry against a plain build of the installed
+# libraries (tests/test_whole_zoo.py); about 11 minutes on 2 cores. make test checks a sample of them.
+test-zoo: $(STAMP)
+	$(BIN)/python -m pytest -q -m whole_zoo tests/test_whole_zoo.py
+
 # Every model through materialize (round trip and init); 1-2 hours, see tests/test_zoo_sweep.py; results in sweep-results.json.
 sweep: $(STAMP)
 	$(BIN)/python -m pytest -q -s -m sweep tests/test_zoo_sweep.py
@@ -76,6 +81,7 @@ registry: $(STAMP)
 	$(BIN)/zoo --registry registry.db index installed --results catalog/timm-results -j 2
 	$(BIN)/zoo --registry registry.db index hf catalog/hf/*__*.json
 	$(BIN)/zoo --registry registry.db db compact
+	$(MAKE) test-zoo
 
 # Every script runs, whatever one before it did (materialize_cuda.py exits 2 without a GPU); the target fails
 # at the end, naming the scripts that failed.

@@ -1,4 +1,6 @@
-"""Every timm and torchvision model, built through zoo on meta, against its row and a plain build (slow)."""
+"""Every timm and torchvision model, built through zoo on meta, against its row and a plain build: `make test-zoo`,
+which `make registry` runs after a rebuild (the shipped rows change only then, or with the libraries, whose versions
+make test checks on a sample: tests/test_shipped_registry.py)."""
 
 import functools
 import multiprocessing
@@ -90,7 +92,7 @@ def _check_model(family_name: str, builder: str) -> None:
     assert info.params == sum(p.numel() for p in reference.parameters())
 
 
-@pytest.mark.slow
+@pytest.mark.whole_zoo
 @pytest.mark.timeout(1800)  # every timm model: 11 minutes on a busy 2-core machine, 16 in one CI run
 @pytest.mark.parametrize("family_name", ["timm", "torchvision"])
 def test_every_model_builds_through_zoo_and_matches_its_row(family_name):
@@ -122,7 +124,7 @@ def _check_variant(family_name: str, name: str) -> None:
     assert info.params == sum(p.numel() for p in reference.parameters())
 
 
-@pytest.mark.slow
+@pytest.mark.whole_zoo
 @pytest.mark.timeout(1800)  # every timm model: 11 minutes on a busy 2-core machine, 16 in one CI run
 @pytest.mark.parametrize("family_name", ["timm", "torchvision"])
 def test_every_pretrained_variant_matches_its_plain_build(family_name):
