@@ -94,6 +94,7 @@ class PlanOptions:
         """The options with their defaults filled in, once every one is valid (InvalidArgument otherwise)."""
         if self.hardware is None:
             raise InvalidArgument("give hardware: a device ('H100', 'RTX 4090'), 'cpu' or bytes ('24GiB')", "hardware")
+        hardware_of(self.hardware)  # HardwareNotFound before any model is built
         for label in ("devices", "fsdp", "tp", "batch", "seq_len"):
             value = getattr(self, label)
             if (value is not None or label in ("devices", "fsdp", "tp")) and (
