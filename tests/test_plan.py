@@ -243,3 +243,28 @@ def test_fsdp2_model_states_are_a_real_fully_shards_on_four_ranks(four_ranks, ti
     if name == TINY:
         assert four_ranks[3][name]["optimizer"] < four_ranks[0][name]["optimizer"]
         assert four_ranks[3][name]["weights"] == four_ranks[0][name]["weights"]
+
+
+# --- the command ---------------------------------------------------------------------------------------------
+
+
+def test_zoo_plan_prints_the_plans_attributes_as_json_and_a_table(tiny):
+    from tests.conftest import run_cli
+
+    args = ["plan", TINY, "--hardware", "64MiB", "--training", "--fsdp", "2", "--devices", "4", "--seq-len", "64"]
+    got = json.loads(run_cli(*args, "--json", registry=tiny).stdout)
+    want = zoo.Zoo(tiny).plan(TINY, hardware="64MiB", training=True, fsdp=2, devices=4, seq_len=64).as_dict()
+    assert got == want and set(got["per_device"]) == {
+        "weights",
+        "gradients",
+        "optimizer",
+        "activations",
+        "kv_cache",
+        "other",
+        "total",
+    }
+    text = run_cli(*args, registry=tiny).stdout
+    assert f"max_batch: {want['max_batch']}" in text and "DDP 2 x FSDP 2 x TP 1" in text
+    failed = run_cli("plan", TINY, "--hardware", "64MiB", "--devices", "3", "--tp", "2", registry=tiny, check=False)
+    assert failed.returncode == 1 and "--devices (3) must be a multiple of fsdp x tp" in failed.stderr
+    assert "zoo plan hf/meta-llama/Llama-3.1-8B --hardware H100" in run_cli("plan", "--help").stdout
