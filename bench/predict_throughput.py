@@ -137,7 +137,7 @@ def main(argv=None):
     a = p.parse_args(argv)
     if "://" in a.registry:
         p.error("--registry: a SQLite file (this script reads it with sqlite3)")
-    devices = load_hardware(a.hardware)
+    devices = {c: d for c, d in load_hardware(a.hardware).items() if c in BENCHMARKS}  # measured ones only
     modules = entrypoint_modules() if a.family_by == "entrypoint" else None
     pairs, skipped = compare(registry_rows(a.registry, modules), devices, a.results)
 

@@ -274,7 +274,7 @@ def _hardware_with(tmp_path, **changes):
     rows[0].update(changes)
     path = tmp_path / "hardware.csv"
     with open(path, "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=roofline.FIELDS)
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]))  # the required FIELDS and the planning columns
         writer.writeheader()
         writer.writerows(rows)
     return path

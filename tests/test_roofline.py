@@ -74,8 +74,11 @@ def test_a_row_without_its_numbers_or_a_bad_batch_is_refused(row, batch):
 
 
 def test_the_hardware_table_lists_every_measured_device_with_its_source():
+    from zoo.throughput.roofline import PREDICTED
+
     devices = load_hardware()
-    assert set(devices) == set(THROUGHPUT)  # one row per benchmark CSV zoo ships
+    assert set(THROUGHPUT) <= set(devices)  # one row per benchmark CSV zoo ships; the rest are for zoo.plan
+    assert set(PREDICTED) == {f"pred_{c}" for c in THROUGHPUT}  # a predicted field only where one is measured
     with open(HARDWARE, newline="") as f:
         rows = list(csv.DictReader(f))
     assert len(rows) == len(devices)
@@ -85,10 +88,16 @@ def test_the_hardware_table_lists_every_measured_device_with_its_source():
         "infer_pro6000_amp": "datasheet",
         "infer_i7_12700h_fp32": "Intel ARK",
         "train_3090_amp": "GA102",
+        "train_h100_sxm_bf16": "H100 Tensor Core GPU datasheet",
+        "train_h200_bf16": "H200 Tensor Core GPU datasheet",
+        "train_a100_40gb_bf16": "A100 Tensor Core GPU datasheet",
+        "train_a100_80gb_bf16": "A100 Tensor Core GPU datasheet",
+        "infer_l4_bf16": "L4 Tensor Core GPU datasheet",
     }
     for row in rows:
         assert vendors[row["column"]] in row["source"]
         assert row["peak_basis"].split(":")[0] in ("published", "derived")
+        assert row["memory_basis"].startswith("published") and float(row["memory_gib"]) > 0
         assert row["checked"].strip()
     assert devices["infer_i7_12700h_fp32"].element_bytes == 4 and devices["infer_4090_amp"].element_bytes == 2
 

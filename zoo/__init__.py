@@ -20,6 +20,7 @@ from zoo.errors import (
     CatalogError,
     CheckpointError,
     DownloadBlocked,
+    HardwareNotFound,
     HubUnavailable,
     InvalidArgument,
     InvalidComparison,
@@ -49,6 +50,7 @@ if TYPE_CHECKING:
     from torch import nn
 
     from zoo.analysis import Estimate, Scan
+    from zoo.planning import Plan
     from zoo.weights.fit import Fit
 
 
@@ -202,6 +204,36 @@ def estimate(name_or_module, registry: str | Zoo | None = None, **options) -> Es
     return _registry(registry).estimate(name_or_module, **options)
 
 
+def plan(name_or_module, registry: str | Zoo | None = None, **options) -> Plan:
+    """What a run needs on each device under DDP, FSDP2 and tensor parallelism, whether it fits the hardware, the
+    largest batch that does, and a predicted step time (zoo.planning says what each term counts).
+
+    Args:
+        name_or_module: a model's name, or a module from zoo.get.
+        registry: a URL, path or Zoo; default $ZOO_REGISTRY, else the shipped registry.db.
+        **options: zoo.planning.PlanOptions: hardware (a device of catalog/hardware.csv by name or short name:
+            "H100", "A100-80GB", "RTX 4090"; "cpu" for this machine's RAM; or bytes: "24GiB"), devices, training,
+            batch (per device), seq_len, dtype (fp32, bf16, fp16, amp-bf16, amp-fp16), optimizer (adamw, adam, sgd,
+            none), fsdp, tp, checkpointing, kv_dtype.
+
+    Returns:
+        A Plan: per_device bytes (weights, gradients, optimizer, activations, kv_cache, other, total), capacity,
+        fits, max_batch, max_context and max_tokens (serving), step_seconds.
+
+    Raises:
+        InvalidArgument: an unknown or invalid option (a batch below 1, devices not a multiple of fsdp x tp, a tp
+            that does not divide the heads).
+        HardwareNotFound: an unknown hardware name; the message lists the close ones.
+        ModelNotFound: no such model.
+        AnalysisError: a model that cannot run on meta.
+
+    Examples:
+        >>> p = zoo.plan("hf/meta-llama/Llama-3.1-8B", hardware="H100", training=True, fsdp=8, devices=8, seq_len=4096)
+        >>> p.fits, p.max_batch
+    """
+    return _registry(registry).plan(name_or_module, **options)
+
+
 def transform(name: str, train: bool = False, test_size: bool = False, registry: str | Zoo | None = None):
     """The torchvision transform a model's weights expect, built without the model.
 
@@ -265,6 +297,7 @@ __all__ = [
     "check",
     "scan",
     "estimate",
+    "plan",
     "transform",
     "bench",
     "F",
@@ -276,6 +309,7 @@ __all__ = [
     "ZooError",
     "ModelNotFound",
     "AmbiguousName",
+    "HardwareNotFound",
     "SearchSyntaxError",
     "InvalidComparison",
     "BuildFailed",

@@ -37,6 +37,7 @@ if TYPE_CHECKING:  # torch only when a module is built
     from torch import nn
 
     from zoo.analysis import Estimate, Scan
+    from zoo.planning import Plan
     from zoo.weights.fit import Fit
 
 
@@ -379,6 +380,39 @@ class Zoo(Recording):
         EstimateOptions.of(options).checked()  # refused before the model is built
         name = name_or_module if isinstance(name_or_module, str) else None
         return estimate(self._module(name_or_module), name=name, **options)
+
+    def plan(self, name_or_module, **options) -> Plan:
+        """What a run needs per device under DDP, FSDP2 and TP, whether it fits, the largest batch that does and a
+        step time: model states from the tensor table, activations fitted from meta runs (zoo.planning says how).
+
+        Args:
+            name_or_module: a model's name, or a module from zoo.get.
+            **options: zoo.planning.PlanOptions: hardware, devices, training, batch, seq_len, dtype, optimizer,
+                fsdp, tp, checkpointing, kv_dtype (zoo.plan says what each takes).
+
+        Returns:
+            A Plan: per_device bytes, capacity, fits, max_batch, max_context, max_tokens, step_seconds.
+
+        Raises:
+            InvalidArgument: an invalid option or layout (fsdp x tp must divide devices, tp the heads).
+            HardwareNotFound: hardware that is neither a listed device nor an amount of memory.
+            ModelNotFound: no such model.
+            AnalysisError: a model that cannot run on meta.
+
+        Examples:
+            >>> zoo.plan("timm/resnet50", hardware="RTX 4090", training=True).max_batch
+        """
+        from zoo.inspection import inspect_module
+        from zoo.planning import PlanOptions, measurer, plan
+        from zoo.state import state_of
+
+        o = PlanOptions.of(options).checked()  # refused before the model is built
+        state = None if isinstance(name_or_module, str) else state_of(name_or_module)
+        name = name_or_module if isinstance(name_or_module, str) else (state.name if state else None)
+        row, module = self.info(name, tensors=True) if name else None, self._module(name_or_module)
+        table = row.tensor_table if row is not None and row.tensor_table else inspect_module(module).tensor_table
+        measure = measurer(lambda **kw: self.estimate(module, **kw), o)  # activations on meta
+        return plan(row.name if row else type(module).__name__, table, row, o, measure)
 
     # --- load ---------------------------------------------------------------------------------
 

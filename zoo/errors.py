@@ -33,6 +33,22 @@ class AmbiguousName(ZooError, KeyError):
         return self.args[0]
 
 
+class HardwareNotFound(ZooError, KeyError):
+    """A plan's hardware is neither a device of catalog/hardware.csv (by name or short name) nor an amount of
+    memory ("24GiB"); the message lists the close names."""
+
+    def __init__(self, name: str, suggestions: Iterable[str] = ()):
+        self.name = name
+        self.suggestions = list(suggestions)
+        super().__init__(
+            f"no hardware named {name!r}: use one of {', '.join(self.suggestions)}, 'cpu' (this machine's RAM), "
+            "or an amount of memory such as '24GiB'"
+        )
+
+    def __str__(self) -> str:
+        return self.args[0]
+
+
 class SearchSyntaxError(ZooError, ValueError):
     """A search expression that does not parse; `column` is 1-based."""
 

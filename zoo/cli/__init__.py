@@ -1,4 +1,4 @@
-"""The admin CLI `zoo`: index, search, show, estimate, bench, rm, db; serve and catalog (the web catalog, zoo.web)."""
+"""The admin CLI `zoo`: index, search, show, estimate, plan, bench, rm, db; serve and catalog (the web catalog)."""
 
 import argparse
 import contextlib
@@ -11,6 +11,7 @@ from zoo.cli.bench import add_parser as add_bench_parser
 from zoo.cli.bench import measured_columns, measurement_rows
 from zoo.cli.index import add_parser as add_index_parser
 from zoo.cli.index import progress_reporter
+from zoo.cli.plan import add_parser as add_plan_parser
 from zoo.errors import AnalysisError, InvalidArgument, ZooError
 from zoo.render import human, printable, table
 
@@ -364,6 +365,7 @@ def parser() -> argparse.ArgumentParser:
 
     index_sources = add_index_parser(sub, common, _whole)
     add_bench_parser(sub, common, NAME_HELP)
+    add_plan_parser(sub, common, NAME_HELP, _whole)
 
     s = sub.add_parser("check", parents=[common], help="how a weights file fits a model, from metadata alone")
     s.add_argument("name", help=NAME_HELP)
@@ -423,6 +425,11 @@ class _DefaultsHelp(argparse.HelpFormatter):
         return (action.help or "") + (
             " (default: %(default)s)" if shown and "default" not in (action.help or "") else ""
         )
+
+    def _fill_text(self, text, width, indent):
+        if text.startswith("examples:"):  # an epilog of command lines, one a line, not rewrapped
+            return "".join(indent + line for line in text.splitlines(keepends=True))
+        return super()._fill_text(text, width, indent)
 
 
 def _glue_negative_sort(argv: list[str]) -> list[str]:

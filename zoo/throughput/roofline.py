@@ -35,6 +35,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from zoo.columns import THROUGHPUT
 from zoo.errors import InvalidArgument
 
 # catalog/hardware.csv, linked into the package so that an installed zoo searches the predicted fields too
@@ -178,8 +179,9 @@ def predict(row, device: Device, batch: int) -> Estimate:
     return Estimate(1 / seconds, compute_s, memory_s, memory_s * device.bandwidth)
 
 
-# The searchable predictions, one per row of the hardware table, each at its device's batch.
-PREDICTED: dict[str, Device] = {PREFIX + column: d for column, d in load_hardware().items()}
+# The searchable predictions, one per measured device of the hardware table (a pred_ field predicts a measured
+# column), each at its device's batch; the rows added for planning (H100, A100, ...) have no measured column.
+PREDICTED: dict[str, Device] = {PREFIX + c: d for c, d in load_hardware().items() if c in THROUGHPUT}
 
 
 def predicted(row, field: str) -> float | None:
