@@ -10,12 +10,8 @@ from typing import TYPE_CHECKING, overload
 from zoo.columns import BY_NAME, check_name, name_part
 from zoo.constants import refuse_unnamed_write, registry_named, registry_url
 from zoo.errors import BuildFailed, InvalidArgument, NotBuildable, WeightsMismatch
-from zoo.families import family
-from zoo.load import LazyLoad, bind, constructor_files, row_of, weights_file
-from zoo.model_info import ModelInfo
 from zoo.query import check_fields
-from zoo.recipe import Recipe
-from zoo.state import ZooState
+from zoo.registry.rows import row_of
 
 
 class _OnFirstUse:
@@ -33,11 +29,12 @@ class _OnFirstUse:
 
 db, store = _OnFirstUse("zoo.registry.db"), _OnFirstUse("zoo.registry.store")
 
-if TYPE_CHECKING:  # torch only when a module is built
+if TYPE_CHECKING:  # torch only when a module is built; ModelInfo when a search returns one
     from torch import nn
 
     from zoo.analysis import Estimate, Scan
     from zoo.indexing.indexer import Outcome
+    from zoo.model_info import ModelInfo
     from zoo.weights.fit import Fit
 
 
@@ -176,12 +173,18 @@ class Zoo:
         options = dict(device=device or "cpu", weights=weights, dtype=dtype)
         if dispatch == "now":
             return module.materialize(**options)
+        from zoo.load import LazyLoad
+
         LazyLoad(module, options)
         return module
 
     def _get_meta(self, name: str, overrides: dict) -> nn.Module:
         from zoo import model_cache
         from zoo.build import build_meta, check_against_record
+        from zoo.families import family
+        from zoo.load import bind
+        from zoo.recipe import Recipe
+        from zoo.state import ZooState
 
         info, source_hash = self._row(name)
         if not family(info.family).BUILDS:
@@ -219,7 +222,7 @@ class Zoo:
         )
 
     def _row(self, name: str, tensors: bool = False) -> tuple[ModelInfo, str]:
-        """A model's ModelInfo and source hash, in one snapshot (see zoo.load.row_of)."""
+        """A model's ModelInfo and source hash, in one snapshot (see zoo.registry.rows.row_of)."""
         return row_of(self.url, name, tensors)
 
     def _module(self, name_or_module) -> nn.Module:
@@ -324,11 +327,15 @@ class Zoo:
         ("default", "v1.0") becomes its file, sha256 checked; any other string is a path (one with a '/'
         is never a tag, so it loads without the registry); a state dict is itself. "pretrained" names no
         one file: .materialize loads it (zoo.pretrained). See zoo.load.weights_file."""
+        from zoo.load import weights_file
+
         return weights_file(self.url, name, weights).source
 
     def constructor_files(self, name: str) -> list[str]:
         """The weights files a model's constructor reads itself (recorded at index time as tags
         "constructor", "constructor-2", ...), each checked against its recorded sha256."""
+        from zoo.load import constructor_files
+
         return constructor_files(self.url, name)
 
     # --- record -------------------------------------------------------------------------------
@@ -433,6 +440,7 @@ class Zoo:
         (the first dimension is the batch), recorded so that the model gets FLOPs, scan and estimate."""
         from zoo.analysis.inputs import parse_inputs
         from zoo.indexing import indexer
+        from zoo.recipe import Recipe
 
         parsed = parse_inputs(inputs) if inputs is not None else None  # refused before anything is built
         recipe = Recipe("user", builder, kwargs or {})
