@@ -34,7 +34,7 @@ LAYERS = [
     ["zoo.registry"],
     ["zoo.indexing"],  # the record of a row, the indexers, the hub listing
     ["zoo.load"],  # weights= resolved, .materialize and the lazy load: below the api, which binds them
-    ["zoo.recording"],  # the write half of zoo.api.Zoo: indexing, weights tags, the schema
+    ["zoo.recording", "zoo.sizing"],  # bases of zoo.api.Zoo: its writes; scan, estimate and plan
     ["zoo.api", "zoo.throughput"],  # benchmark; roofline and measured (pure) sit in the first layer
     ["zoo", "zoo.cli", "zoo.web"],  # readers at the top: the CLI and the web catalog, both through zoo.api
 ]
@@ -361,9 +361,8 @@ def _public_api() -> dict[str, object]:
 
     functions = {n: getattr(zoo, n) for n in zoo.__all__ if inspect.isfunction(getattr(zoo, n))}
     methods = {f"Zoo.{n}": f for n, f in vars(Zoo).items() if inspect.isfunction(f) and not n.startswith("_")}
-    from zoo.recording import Recording
-
-    methods |= {f"Zoo.{n}": f for n, f in vars(Recording).items() if inspect.isfunction(f) and not n.startswith("_")}
+    for base in Zoo.__mro__[1:-1]:  # Sizing, Recording
+        methods |= {f"Zoo.{n}": f for n, f in vars(base).items() if inspect.isfunction(f) and not n.startswith("_")}
     return functions | methods
 
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from zoo.api import Zoo, connect
-from zoo.caching import cache_clear, caches
 from zoo.errors import (
     AmbiguousName,
     AnalysisError,
@@ -42,14 +41,15 @@ from zoo.errors import (
     WorkerFailed,
     ZooError,
 )
-from zoo.inspection import TensorInfo
-from zoo.model_info import ModelInfo
 from zoo.query import FIELDS, F
 
 if TYPE_CHECKING:
     from torch import nn
 
     from zoo.analysis import Estimate, Scan
+    from zoo.caching import cache_clear, caches
+    from zoo.inspection import TensorInfo
+    from zoo.model_info import ModelInfo
     from zoo.planning import Plan
     from zoo.weights.fit import Fit
 
@@ -338,10 +338,29 @@ __all__ = [
 ]
 
 
+# Imported when first asked for: a search (`zoo search` as a process) needs none of them, and their modules cost
+# a few ms of every start. zoo.__version__ reads the installed package's metadata.
+_LAZY = {
+    "ModelInfo": "zoo.model_info",
+    "TensorInfo": "zoo.inspection",
+    "cache_clear": "zoo.caching",
+    "caches": "zoo.caching",
+}
+
+
 def __getattr__(name: str) -> Any:
-    """zoo.__version__, the installed package's, read when first asked: importing zoo stays cheap."""
+    if name in _LAZY:
+        import importlib
+
+        value = getattr(importlib.import_module(_LAZY[name]), name)
+        globals()[name] = value
+        return value
     if name == "__version__":
         from importlib.metadata import version
 
         return version("zoo")
     raise AttributeError(f"module 'zoo' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_LAZY})

@@ -9,13 +9,10 @@ from typing import TYPE_CHECKING, overload
 from zoo.columns import BY_NAME, check_name
 from zoo.constants import registry_named, registry_url
 from zoo.errors import BuildFailed, InvalidArgument, NotBuildable
-from zoo.families import family
-from zoo.load import LazyLoad, bind, constructor_files, row_of, weights_file
-from zoo.model_info import ModelInfo
 from zoo.query import check_fields
-from zoo.recipe import Recipe
 from zoo.recording import Recording
-from zoo.state import ZooState
+from zoo.registry.rows import row_of
+from zoo.sizing import Sizing
 
 
 class _OnFirstUse:
@@ -33,15 +30,14 @@ class _OnFirstUse:
 
 db, store = _OnFirstUse("zoo.registry.db"), _OnFirstUse("zoo.registry.store")
 
-if TYPE_CHECKING:  # torch only when a module is built
+if TYPE_CHECKING:  # torch only when a module is built; ModelInfo when a search returns one
     from torch import nn
 
-    from zoo.analysis import Estimate, Scan
-    from zoo.planning import Plan
+    from zoo.model_info import ModelInfo
     from zoo.weights.fit import Fit
 
 
-class Zoo(Recording):
+class Zoo(Sizing, Recording):
     """A registry at a SQLAlchemy URL (or file path); the shipped registry.db by default."""
 
     def __init__(self, url: str | None = None):
@@ -276,12 +272,18 @@ class Zoo(Recording):
         options = dict(device=device or "cpu", weights=weights, dtype=dtype)
         if dispatch == "now":
             return module.materialize(**options)
+        from zoo.load import LazyLoad
+
         LazyLoad(module, options)
         return module
 
     def _get_meta(self, name: str, overrides: dict) -> nn.Module:
         from zoo import model_cache
         from zoo.build import build_meta, check_against_record
+        from zoo.families import family
+        from zoo.load import bind
+        from zoo.recipe import Recipe
+        from zoo.state import ZooState
 
         info, source_hash = self._row(name)
         if not family(info.family).BUILDS:
@@ -319,100 +321,11 @@ class Zoo(Recording):
         )
 
     def _row(self, name: str, tensors: bool = False) -> tuple[ModelInfo, str]:
-        """A model's ModelInfo and source hash, in one snapshot (see zoo.load.row_of)."""
+        """A model's ModelInfo and source hash, in one snapshot (see zoo.registry.rows.row_of)."""
         return row_of(self.url, name, tensors)
 
     def _module(self, name_or_module) -> nn.Module:
         return self.get(name_or_module) if isinstance(name_or_module, str) else name_or_module
-
-    def scan(self, name_or_module, *inputs, **options) -> Scan:
-        """Every submodule's output shapes and dtypes from one forward on meta, no weights.
-
-        Args:
-            name_or_module: a model's name, or a module from zoo.get.
-            *inputs: input tensors or shapes ((1, 3, 224, 224)), or a text for a registered hf model; none: the
-                row's recorded input.
-            **options: those of zoo.analysis.scan (depth, ...).
-
-        Returns:
-            A Scan (one row per submodule: its path, class, output shapes and dtypes).
-
-        Raises:
-            ModelNotFound: no such model.
-            AnalysisError: no input to run with, or a model that cannot run on meta.
-            TokenizerNotCached: a text for a model whose tokenizer is not in the hub cache.
-        """
-        from zoo.analysis import scan
-
-        module = self._module(name_or_module)
-        if any(isinstance(i, str) for i in inputs):
-            full = self.info(name_or_module).name if isinstance(name_or_module, str) else None
-            from zoo.analysis.inputs import tokenized
-
-            return scan(module, **tokenized(full, module, inputs), **options)
-        return scan(module, *inputs, **options)
-
-    def estimate(self, name_or_module, **options) -> Estimate:
-        """Bytes to run a model: weights, gradients, optimizer states, KV cache and activations, measured by running it
-        on meta at the batch asked (not scaled from batch 1).
-
-        Args:
-            name_or_module: a model's name, or a module from zoo.get.
-            **options: zoo.analysis.memory.EstimateOptions: batch (1), dtype ("bf16"), training (False), optimizer
-                ("adamw", "adam", "sgd", "none"), seq_len (the row's), kv_dtype (the KV cache's: "fp8"),
-                weights_dtype (weight-only quantization: "int8", "int4" with group_size, "fp8"), group_size (128),
-                checkpointing (training with activation checkpointing).
-
-        Returns:
-            An Estimate: each term in bytes, their total and the peak.
-
-        Raises:
-            InvalidArgument: an unknown option.
-            AnalysisError: an option out of range, or a model that cannot run on meta.
-            ModelNotFound: no such model.
-
-        Examples:
-            >>> zoo.estimate("timm/resnet50", batch=32, training=True).total
-        """
-        from zoo.analysis import estimate
-        from zoo.analysis.memory import EstimateOptions
-
-        EstimateOptions.of(options).checked()  # refused before the model is built
-        name = name_or_module if isinstance(name_or_module, str) else None
-        return estimate(self._module(name_or_module), name=name, **options)
-
-    def plan(self, name_or_module, **options) -> Plan:
-        """What a run needs per device under DDP, FSDP2 and TP, whether it fits, the largest batch that does and a
-        step time: model states from the tensor table, activations fitted from meta runs (zoo.planning says how).
-
-        Args:
-            name_or_module: a model's name, or a module from zoo.get.
-            **options: zoo.planning.PlanOptions: hardware, devices, training, batch, seq_len, dtype, optimizer,
-                fsdp, tp, checkpointing, kv_dtype (zoo.plan says what each takes).
-
-        Returns:
-            A Plan: per_device bytes, capacity, fits, max_batch, max_context, max_tokens, step_seconds.
-
-        Raises:
-            InvalidArgument: an invalid option or layout (fsdp x tp must divide devices, tp the heads).
-            HardwareNotFound: hardware that is neither a listed device nor an amount of memory.
-            ModelNotFound: no such model.
-            AnalysisError: a model that cannot run on meta.
-
-        Examples:
-            >>> zoo.plan("timm/resnet50", hardware="RTX 4090", training=True).max_batch
-        """
-        from zoo.inspection import inspect_module
-        from zoo.planning import PlanOptions, measurer, plan
-        from zoo.state import state_of
-
-        o = PlanOptions.of(options).checked()  # refused before the model is built
-        state = None if isinstance(name_or_module, str) else state_of(name_or_module)
-        name = name_or_module if isinstance(name_or_module, str) else (state.name if state else None)
-        row, module = self.info(name, tensors=True) if name else None, self._module(name_or_module)
-        table = row.tensor_table if row is not None and row.tensor_table else inspect_module(module).tensor_table
-        measure = measurer(lambda **kw: self.estimate(module, **kw), o)  # activations on meta
-        return plan(row.name if row else type(module).__name__, table, row, o, measure)
 
     # --- load ---------------------------------------------------------------------------------
 
@@ -464,6 +377,8 @@ class Zoo(Recording):
             CheckpointError: neither a file nor a tag, or a tag whose file's sha256 changed.
             HubUnavailable: an hf:// reference not in the hub cache (nothing is downloaded).
         """
+        from zoo.load import weights_file
+
         return weights_file(self.url, name, weights).source
 
     def constructor_files(self, name: str) -> list[str]:
@@ -480,6 +395,8 @@ class Zoo(Recording):
             ModelNotFound: no such model.
             CheckpointError: a file whose sha256 changed since it was recorded.
         """
+        from zoo.load import constructor_files
+
         return constructor_files(self.url, name)
 
 

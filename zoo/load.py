@@ -12,27 +12,10 @@ import os
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from zoo.columns import check_name
 from zoo.constants import CONSTRUCTOR_TAG
 from zoo.errors import CheckpointError, InvalidArgument, MaterializeError
-from zoo.model_info import ModelInfo
+from zoo.registry.rows import row_of
 from zoo.state import ZooState, set_state, state_of
-
-
-def row_of(url: str, name: str, tensors: bool = False) -> tuple[ModelInfo, str]:
-    """A model's ModelInfo (with its weights, and its tensor table when asked) and source hash, in one
-    snapshot: through zoo.registry.lite on a SQLite file (no SQLAlchemy import), else SQLAlchemy."""
-    from zoo.registry import lite
-
-    found = lite.info(url, check_name(name), tensors)
-    if found is not None:
-        return found
-    from zoo.registry import db, store
-
-    with db.session(url) as s:
-        row = store.resolve(s, name)
-        return store.info(s, row.name, tensors), row.source_hash
-
 
 # --- what weights= names ----------------------------------------------------------------------
 

@@ -11,7 +11,6 @@ from typing import TYPE_CHECKING
 from zoo.columns import check_name, name_part
 from zoo.constants import refuse_unnamed_write, registry_named, registry_url
 from zoo.errors import InvalidArgument, WeightsMismatch
-from zoo.recipe import Recipe
 
 if TYPE_CHECKING:
     from zoo.indexing.indexer import Outcome
@@ -309,6 +308,7 @@ class Recording:
         """
         from zoo.analysis.inputs import parse_inputs
         from zoo.indexing import indexer
+        from zoo.recipe import Recipe
 
         parsed = parse_inputs(inputs) if inputs is not None else None  # refused before anything is built
         recipe = Recipe("user", builder, kwargs or {})

@@ -130,12 +130,15 @@ def search_columns(expression, sort: str | None = None) -> tuple[str, ...]:
 
 
 def cell(info, column: str) -> str:
+    """A field of a ModelInfo, or of a search's dict of fields (a predicted one computed there), as text."""
     from zoo.throughput.roofline import PREDICTED, predicted
 
-    if column in PREDICTED:  # computed from the row, as the search computes it
-        value = predicted(info, column)
+    if isinstance(info, dict):
+        value = info[column]
+    else:  # a predicted field is computed from the row, as the search computes it
+        value = predicted(info, column) if column in PREDICTED else getattr(info, column)
+    if column in PREDICTED:
         return "-" if value is None else f"{value:.0f} (predicted)"
-    value = getattr(info, column)
     if column in ("params", "trainable", "active_params", "hub_params"):
         return human(value)
     if column in ("bytes", "param_bytes", "buffer_bytes", "weights_bytes"):

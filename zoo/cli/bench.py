@@ -129,13 +129,16 @@ def measurement_rows(runs: list[dict]) -> list[list[str]]:
     return [[printable(str(c)) for c in row] for row in rows]
 
 
-def measured_columns(zoo, expression, found, sort: str | None = None) -> tuple[list[str], list[list[str]]]:
-    """The search table's extra columns: for each measured field the search or its sort names, each model's best
-    samples/s (the published throughput columns show the same way, through render.search_columns)."""
+def measured_columns(zoo, expression, names: list[str], sort: str | None = None) -> tuple[list[str], list[list[str]]]:
+    """The search table's extra columns: for each measured field the search or its sort names, each found model's
+    best samples/s (the published throughput columns show the same way, through render.search_columns)."""
     from zoo.render import named_numbers
-    from zoo.throughput.benchmark import fastest
     from zoo.throughput.measured import MEASURED
 
     fields = [f for f in named_numbers(expression, sort) if f in MEASURED]
-    best = {f: fastest(zoo, [i.name for i in found], f) for f in fields}
-    return fields, [[_number(best[f].get(i.name)) for f in fields] for i in found]
+    if not fields:  # most searches: no import of the benchmark module
+        return [], [[] for _ in names]
+    from zoo.throughput.benchmark import fastest
+
+    best = {f: fastest(zoo, names, f) for f in fields}
+    return fields, [[_number(best[f].get(name)) for f in fields] for name in names]

@@ -22,7 +22,7 @@ from zoo.constants import lock_timeout_s
 from zoo.errors import RegistryError, RegistryLocked
 from zoo.query import Expr, parse
 from zoo.registry import SCHEMA_REVISION, locked, meaning_of
-from zoo.registry.where import FINITE, compile_where, order_sql
+from zoo.registry.where import FINITE, compile_where, first_ids, order_sql, seek_sql
 
 # A search that matches at least this share of the rows finds its first `limit` rows soonest by reading them
 # in the sort order; a sparser one by reading its matches through the filter's index and sorting them.
@@ -31,6 +31,7 @@ _SCAN_BUDGET = 200_000  # SQLite VM steps for that scan or the probe before it (
 # A name glob's trigram pre-filter with more rows than this is left out of the in-order scan: SQLite reads the
 # whole pre-filter (`id IN (...)`) before the first row, 4 s for `*model*` at a million models.
 _FEW_CANDIDATES = 2000
+_SMALL = 10_000  # rows (the largest id): a registry this small is searched as SQLite plans it, without _plan
 _COLUMNS = ", ".join(f"models.{c.name}" for c in PUBLIC)
 
 
@@ -108,15 +109,27 @@ def registry_error(path: str, e: sqlite3.Error) -> RegistryError:
 
 
 def _ordered_index(con, field: str) -> str | None:
-    """The index on just the sort field (name's, or a numeric field's), which reads rows in the sort order."""
+    """An index that reads rows in the sort field's order: of those that lead with it, the one with most columns.
+    0007's (params|bytes|flops, name, the other numbers) hold what a range on another number tests, so an in-order
+    scan skips a row that does not match without reading it from the table (a random page each: 10 us)."""
+    leading = []
     for row in con.execute("PRAGMA index_list(models)"):
-        if [c[2] for c in con.execute(f"PRAGMA index_info('{row[1]}')")] == [field]:
-            return row[1]
-    return None
+        columns = [c[2] for c in con.execute(f"PRAGMA index_info('{row[1]}')")]
+        if columns[0] == field:
+            leading.append((len(columns), row[1]))
+    return max(leading)[1] if leading else None
 
 
 def _plan(
-    con, expression: Expr, where: str, params: list, order: str, field: str, descending: bool, limit: int
+    con,
+    expression: Expr,
+    where: str,
+    params: list,
+    order_by: str | None,
+    order: str,
+    field: str,
+    descending: bool,
+    limit: int,
 ) -> list:
     """The first `limit` matches. SQLite's planner reads a range through the filter's index and sorts every
     match, whole rows: 40,000 matches cost 250 ms at a million models. Probe how many match (up to a cap)
@@ -128,6 +141,15 @@ def _plan(
     where, params: compile_where(expression), every pre-filter in."""
     first = f"SELECT models.id FROM models WHERE {where} ORDER BY {order} LIMIT ?"
     rows = con.execute("SELECT max(id) FROM models").fetchone()[0] or 0
+    if rows <= _SMALL:  # any plan reads these rows in a few ms; planning one (index list, EXPLAIN, probe) costs more
+        return con.execute(
+            f"SELECT {_COLUMNS} FROM models WHERE {where} ORDER BY {order} LIMIT ?", [*params, limit]
+        ).fetchall()
+    prefix = first_ids(expression, order_by, limit, seek=lambda column, value: _seek(con, column, value))
+    if prefix is not None:  # a name glob's prefix, read as index ranges (zoo.registry.where.first_ids)
+        return con.execute(
+            f"SELECT {_COLUMNS} FROM models WHERE models.id IN ({prefix[0]}) ORDER BY {order}", prefix[1]
+        ).fetchall()
     cap = max(limit, 1) * rows // _DENSE_SCAN
     index = _ordered_index(con, field)
     if index is not None and limit and cap < rows and not _seeks_in_order(con, first, [*params, limit]):
@@ -154,16 +176,30 @@ def _plan(
             )
         )
         if found is None or found[0][0] >= cap:
-            ordered = _within_budget(
-                con,
-                f"SELECT {_COLUMNS} FROM models INDEXED BY {index} WHERE {scan_where} ORDER BY {order} LIMIT ?",
-                [*scan_params, limit],
+            scan = (
+                f"SELECT {_COLUMNS} FROM models INDEXED BY {index} WHERE {scan_where} AND %s ORDER BY {order} LIMIT ?"
             )
+            ordered = _within_budget(con, scan % "1 = 1", [*scan_params, limit])
+            if ordered is None and field != "name":
+                # A sort field that runs with the filter (bytes, for a params range) puts every match behind the
+                # rows the filter leaves out: 380,000 of them at a million models, past the budget. The matches'
+                # own first value (from the filter's index) is where they start in the sort index: read from there.
+                start = con.execute(
+                    f"SELECT {'max' if descending else 'min'}(models.{field}) FROM models WHERE {where}", params
+                ).fetchone()[0]
+                if start is not None:
+                    bound = f"models.{field} {'<=' if descending else '>='} ?"
+                    ordered = _within_budget(con, scan % bound, [*scan_params, start, limit])
             if ordered is not None and (len(ordered) == limit or not nulls_left_out):
                 return ordered
     return con.execute(
         f"SELECT {_COLUMNS} FROM models WHERE models.id IN ({first}) ORDER BY {order}", [*params, limit]
     ).fetchall()
+
+
+def _seek(con, column: str, value: str) -> str | None:
+    row = con.execute(seek_sql(column), [value]).fetchone()
+    return None if row is None else row[0]
 
 
 def _seeks_in_order(con, sql: str, params: list) -> bool:
@@ -218,7 +254,7 @@ def search(
         return None
     try:
         if limit is not None and has_where:
-            rows = _plan(con, expression, where, params, order, field, descending, limit)
+            rows = _plan(con, expression, where, params, order_by, order, field, descending, limit)
         else:
             sql = f"SELECT {_COLUMNS} FROM models WHERE {where} ORDER BY {order}"
             args = (sql + " LIMIT ?", [*params, limit]) if limit is not None else (sql, params)

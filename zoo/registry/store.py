@@ -1,11 +1,12 @@
 """Registry queries: resolve a name, read a row, write one model atomically, delete, search."""
 
 import difflib
+import functools
 import hashlib
 from datetime import UTC, datetime
 from typing import cast
 
-from sqlalchemy import String, delete, func, select
+from sqlalchemy import String, delete, func, select, text
 from sqlalchemy.orm import Session
 
 from zoo.columns import ANALYSIS, BY_NAME, COLUMNS, PUBLIC, check_name, finite
@@ -13,6 +14,7 @@ from zoo.errors import AmbiguousName, InvalidArgument, ModelExists, ModelNotFoun
 from zoo.model_info import ModelInfo, encode_tensors
 from zoo.registry.sql import bytewise, compile_search, sort_clause
 from zoo.registry.tables import Model, ModelTensors, Weights
+from zoo.registry.where import first_ids, seek_sql
 
 
 def short_name(name: str) -> str:
@@ -233,6 +235,12 @@ def search(
         # 0007), and reading the rows of the first `limit` after, costs a few ms; on PostgreSQL too, where
         # the ids of a range sorted by another number come from an index-only scan (108 -> 20 ms).
         ids = select(Model.id).where(where).order_by(*order).limit(limit)
+        seek = functools.partial(_seek, session, dialect)
+        prefix = first_ids(expression, order_by, limit, dialect, named=True, seek=seek)
+        if prefix is not None:  # a name glob's prefix, read as index ranges (zoo.registry.where.first_ids)
+            sql, values = prefix
+            assert isinstance(values, dict)  # named=True
+            ids = text(sql).bindparams(**values).columns(Model.id)  # type: ignore[assignment]
         query = query.where(Model.id.in_(ids.scalar_subquery())).order_by(*order)
     else:
         query = (query if where is None else query.where(where)).order_by(*order)
@@ -244,6 +252,10 @@ def search(
         return [ModelInfo(**{n: d(v) for (n, d), v in zip(decoders, row)}) for row in session.execute(query)]
     columns = [BY_NAME[f] for f in fields]
     return [{c.name: c.decode(v) for c, v in zip(columns, row)} for row in session.execute(query)]
+
+
+def _seek(session: Session, dialect: str, column: str, value: str) -> str | None:
+    return session.scalar(text(seek_sql(column, dialect, named=True)), {"v": value})
 
 
 def variants_of(session: Session, name: str) -> tuple[str, list[ModelInfo]]:

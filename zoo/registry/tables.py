@@ -53,13 +53,14 @@ for _columns in (("params", "name"), ("bytes", "name"), ("flops", "name"), ("fam
     _carried = [c for c in ("params", "bytes", "flops", "top1") if c not in _columns] if len(_columns) == 2 else []
     _dialect_kw: dict[str, Any] = {"postgresql_include": ["id"]} if _carried else {}
     Index(f"ix_models_{'_'.join(_columns)}", *(models.c[c] for c in (*_columns, *_carried)), **_dialect_kw)
-# What migrations 0005 and 0007 create per backend and the ORM cannot declare: SQLite's FTS5 trigram table over
-# names (its shadow tables models_fts_*, and the triggers that keep it in step), PostgreSQL's bytewise name index
-# and pg_trgm GIN indexes on name and short, and the (family, name) index, bytewise on PostgreSQL. The schema
-# comparison with this metadata leaves out names starting with these.
+# What migrations 0005, 0007 and 0011 create per backend and the ORM cannot declare: SQLite's FTS5 trigram table
+# over names (its shadow tables models_fts_*, and the triggers that keep it in step), PostgreSQL's bytewise name
+# and short indexes and pg_trgm GIN indexes on name and short, and the (family, name) index, bytewise on
+# PostgreSQL. The schema comparison with this metadata leaves out names starting with these.
 SEARCH_ACCELERATORS = (
     "models_fts",
     "ix_models_name_bytewise",
+    "ix_models_short_bytewise",
     "ix_models_name_trgm",
     "ix_models_short_trgm",
     "ix_models_family_name_bytewise",

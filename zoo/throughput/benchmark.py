@@ -13,12 +13,8 @@ RSS growth over the process's RSS before the model was allocated (Linux: VmHWM, 
 
 from __future__ import annotations
 
-import getpass
-import platform
-import socket
 import time
 from dataclasses import dataclass, fields, replace
-from importlib import metadata
 
 from zoo.dtypes import float_dtype, short_name
 from zoo.errors import BenchFailed, InvalidArgument, ZooError, reason
@@ -78,11 +74,15 @@ def hardware(device: str) -> str:
                     return " ".join(line.split(":", 1)[1].split())[:255]
     except OSError:
         pass
+    import platform  # here, as the other standard modules a run alone needs: `zoo show` imports this module
+
     return (platform.processor() or platform.machine() or "unknown CPU")[:255]
 
 
 def versions() -> dict:
     """The versions of the libraries a measurement depends on (those installed); torch's with its build (+cu130)."""
+    from importlib import metadata
+
     import torch
 
     out = {"torch": torch.__version__}
@@ -95,6 +95,9 @@ def versions() -> dict:
 
 
 def who() -> str:
+    import getpass
+    import socket
+
     try:
         user = getpass.getuser()
     except (KeyError, OSError):  # no name for this uid (a container)
