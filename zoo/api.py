@@ -361,15 +361,14 @@ class Zoo(Recording):
             **options: zoo.analysis.memory.EstimateOptions: batch (1), dtype ("bf16"), training (False), optimizer
                 ("adamw", "adam", "sgd", "none"), seq_len (the row's), kv_dtype (the KV cache's: "fp8"),
                 weights_dtype (weight-only quantization: "int8", "int4" with group_size, "fp8"), group_size (128),
-                checkpointing (training with activation checkpointing).
+                checkpointing (training with activation checkpointing), amp (autocast to dtype over fp32
+                parameters), input_size (a vision model's (C, H, W)).
 
         Returns:
             An Estimate: each term in bytes, their total and the peak.
 
         Raises:
-            InvalidArgument: an unknown option.
-            AnalysisError: an option out of range, or a model that cannot run on meta.
-            ModelNotFound: no such model.
+            InvalidArgument: an unknown option. AnalysisError: out of range, or cannot run on meta. ModelNotFound.
 
         Examples:
             >>> zoo.estimate("timm/resnet50", batch=32, training=True).total
@@ -387,17 +386,15 @@ class Zoo(Recording):
 
         Args:
             name_or_module: a model's name, or a module from zoo.get.
-            **options: zoo.planning.PlanOptions: hardware, devices, training, batch, seq_len, dtype, optimizer,
-                fsdp, tp, checkpointing, kv_dtype (zoo.plan says what each takes).
+            **options: zoo.planning.PlanOptions: hardware, devices, training, batch, seq_len, input_size, dtype,
+                optimizer, fsdp, tp, checkpointing, kv_dtype (zoo.plan says what each takes).
 
         Returns:
             A Plan: per_device bytes, capacity, fits, max_batch, max_context, max_tokens, step_seconds.
 
         Raises:
-            InvalidArgument: an invalid option or layout (fsdp x tp must divide devices, tp the heads).
-            HardwareNotFound: hardware that is neither a listed device nor an amount of memory.
-            ModelNotFound: no such model.
-            AnalysisError: a model that cannot run on meta.
+            InvalidArgument: a bad option or layout (fsdp x tp must divide devices, tp the heads). HardwareNotFound:
+            neither a listed device nor an amount of memory. ModelNotFound. AnalysisError: it cannot run on meta.
 
         Examples:
             >>> zoo.plan("timm/resnet50", hardware="RTX 4090", training=True).max_batch

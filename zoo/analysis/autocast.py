@@ -94,7 +94,7 @@ class MetaAutocast(TorchFunctionMode):
     def __init__(self, dtype: torch.dtype):
         super().__init__()
         self.dtype = dtype
-        self.weights: dict[int, tuple[T, T]] = {}  # id(parameter) -> (parameter, its cast), for the step
+        self.weights: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # id(param) -> (param, its cast)
 
     def cast(self, value, to: torch.dtype, frm: tuple):
         if isinstance(value, (list, tuple)):

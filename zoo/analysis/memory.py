@@ -413,7 +413,8 @@ def estimate(module: nn.Module, name: str | None = None, **options) -> Estimate:
     weights term ("int8", "int4" with `group_size`, "fp8": formulas at QUANTIZED); the forward still runs
     at `dtype`, as dequantizing kernels do. Training measures a whole step (forward, backward from the
     sum of the outputs, optimizer step) with the optimizer's states already allocated, as in every step
-    after the first; `checkpointing` recomputes each repeated block in backward (see checkpointed).
+    after the first; `checkpointing` recomputes each repeated block in backward (see checkpointed). `amp`: fp32
+    parameters and inputs, the step under autocast to dtype (zoo.analysis.autocast); `input_size`: (C, H, W).
     """
     o = EstimateOptions.of(options)
     tdtype = o.checked()
