@@ -213,8 +213,9 @@ def plan(name_or_module, registry: str | Zoo | None = None, **options) -> Plan:
         registry: a URL, path or Zoo; default $ZOO_REGISTRY, else the shipped registry.db.
         **options: zoo.planning.PlanOptions: hardware (a device of catalog/hardware.csv by name or short name:
             "H100", "A100-80GB", "RTX 4090"; "cpu" for this machine's RAM; or bytes: "24GiB"), devices, training,
-            batch (per device), seq_len, dtype (fp32, bf16, fp16, amp-bf16, amp-fp16), optimizer (adamw, adam, sgd,
-            none), fsdp, tp, checkpointing, kv_dtype.
+            batch (per device), seq_len, input_size (a vision model's (C, H, W)), dtype (fp32, bf16, fp16, amp-bf16,
+            amp-fp16: autocast, emulated on meta), optimizer (adamw, adam, sgd, none), fsdp, tp, checkpointing,
+            kv_dtype.
 
     Returns:
         A Plan: per_device bytes (weights, gradients, optimizer, activations, kv_cache, other, total), capacity,

@@ -59,7 +59,8 @@ class Sizing:
             **options: zoo.analysis.memory.EstimateOptions: batch (1), dtype ("bf16"), training (False), optimizer
                 ("adamw", "adam", "sgd", "none"), seq_len (the row's), kv_dtype (the KV cache's: "fp8"),
                 weights_dtype (weight-only quantization: "int8", "int4" with group_size, "fp8"), group_size (128),
-                checkpointing (training with activation checkpointing).
+                checkpointing (training with activation checkpointing), amp (autocast to dtype over fp32
+                parameters), input_size (a vision model's (C, H, W)).
 
         Returns:
             An Estimate: each term in bytes, their total and the peak.
@@ -85,8 +86,8 @@ class Sizing:
 
         Args:
             name_or_module: a model's name, or a module from zoo.get.
-            **options: zoo.planning.PlanOptions: hardware, devices, training, batch, seq_len, dtype, optimizer,
-                fsdp, tp, checkpointing, kv_dtype (zoo.plan says what each takes).
+            **options: zoo.planning.PlanOptions: hardware, devices, training, batch, seq_len, input_size, dtype,
+                optimizer, fsdp, tp, checkpointing, kv_dtype (zoo.plan says what each takes).
 
         Returns:
             A Plan: per_device bytes, capacity, fits, max_batch, max_context, max_tokens, step_seconds.
@@ -98,7 +99,8 @@ class Sizing:
             AnalysisError: a model that cannot run on meta.
 
         Examples:
-            >>> zoo.plan("timm/resnet50", hardware="RTX 4090", training=True).max_batch
+            >>> zoo.plan("timm/resnet50", hardware="RTX 4090", training=True, dtype="amp-bf16").fits
+            True
         """
         from zoo.inspection import inspect_module
         from zoo.planning import PlanOptions, measurer, plan

@@ -13,6 +13,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from zoo.analysis.autocast import MetaAutocast
 from zoo.analysis.forward import accepts, device_context, loss_of, train_mode
 from zoo.analysis.inputs import has_sequence, input_spec_of, make_inputs, tensor_leaves
 from zoo.analysis.meters import LiveBytes, known_storages, replay_peak, storage_key
@@ -359,6 +360,8 @@ class EstimateOptions:
     weights_dtype: Any = None  # weight-only quantization: "int8", "int4" (with group_size), "fp8"
     group_size: int = 128
     checkpointing: bool = False  # training with activation checkpointing
+    amp: bool = False  # fp32 parameters, the forward under autocast to dtype (zoo.analysis.autocast)
+    input_size: Any = None  # (C, H, W): a vision model's input, in place of its row's
 
     @classmethod
     def of(cls, options: dict) -> EstimateOptions:
@@ -391,6 +394,13 @@ class EstimateOptions:
                 )
         if self.checkpointing and not self.training:
             raise AnalysisError("activation checkpointing applies to training: give training=True with it")
+        size = self.input_size
+        if size is not None and (
+            not isinstance(size, (list, tuple)) or len(size) != 3 or not all(isinstance(d, int) and d > 0 for d in size)
+        ):
+            raise AnalysisError(f"input_size must be (channels, height, width), whole and positive, not {size!r:.40}")
+        if self.amp and float_dtype(self.dtype) not in (torch.float16, torch.bfloat16):
+            raise AnalysisError(f"amp autocasts to fp16 or bf16: give dtype='fp16' or 'bf16', not {self.dtype!r}")
         return float_dtype(self.dtype)
 
 
@@ -403,7 +413,8 @@ def estimate(module: nn.Module, name: str | None = None, **options) -> Estimate:
     weights term ("int8", "int4" with `group_size`, "fp8": formulas at QUANTIZED); the forward still runs
     at `dtype`, as dequantizing kernels do. Training measures a whole step (forward, backward from the
     sum of the outputs, optimizer step) with the optimizer's states already allocated, as in every step
-    after the first; `checkpointing` recomputes each repeated block in backward (see checkpointed).
+    after the first; `checkpointing` recomputes each repeated block in backward (see checkpointed). `amp`: fp32
+    parameters and inputs, the step under autocast to dtype (zoo.analysis.autocast); `input_size`: (C, H, W).
     """
     o = EstimateOptions.of(options)
     tdtype = o.checked()
@@ -419,10 +430,16 @@ def estimate(module: nn.Module, name: str | None = None, **options) -> Estimate:
         raise AnalysisError("seq_len applies to models with token inputs: this model's input has no sequence")
     if o.kv_dtype is not None and not accepts(module, "use_cache"):
         raise AnalysisError("kv_dtype applies to the inference of a model that keeps a KV cache; this one keeps none")
-    args, kwargs = make_inputs(spec, batch=o.batch, seq_len=o.seq_len, dtype=tdtype)
+    if o.input_size is not None:
+        image = [a for a in spec.get("args", []) if len(a["shape"] if isinstance(a, dict) else a) == 3]
+        if has_sequence(spec) or spec.get("kwargs") or len(spec.get("args", [])) != 1 or not image:
+            raise AnalysisError("input_size applies to a model of one image input (channels, height, width)")
+        spec = {"args": [list(o.input_size)]}
+    args, kwargs = make_inputs(spec, batch=o.batch, seq_len=o.seq_len, dtype=torch.float32 if o.amp else tdtype)
     kv_bytes = KV_DTYPES[str(o.kv_dtype).lower()] if o.kv_dtype is not None else None
+    precision = MetaAutocast(tdtype) if o.amp else cast_to(module, tdtype)
     try:
-        with cast_to(module, tdtype), checkpointed(module) if o.checkpointing else contextlib.nullcontext():
+        with precision, checkpointed(module) if o.checkpointing else contextlib.nullcontext():
             parts = measure_step(
                 module,
                 args,
