@@ -60,8 +60,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-import zoo  # noqa: E402
-from zoo import planning  # noqa: E402
+import zoo  # noqa: E402 - after the checkout is put on the path
+from zoo import planning  # noqa: E402 - after the checkout is put on the path
 
 TABLE = ROOT / "catalog" / "timm-results" / "benchmark-train-amp-nchw-pt112-cu113-rtx3090.csv"
 HARDWARE = "RTX 3090"

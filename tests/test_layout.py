@@ -379,3 +379,16 @@ def test_every_public_function_and_method_documents_its_arguments_result_and_err
         undocumented += [f"{name}: {s}" for s in sections if f"\n{s}\n" not in f"\n{doc}\n"]
         undocumented += [f"{name}: {p}" for p in takes if not re.search(rf"^    \**{p}:", doc, re.MULTILINE)]
     assert undocumented == []
+
+
+def test_every_noqa_says_why():
+    """A lint rule switched off on a line says why on that line (`# noqa: E402 - after ...`)."""
+    marker = "# " + "noqa"  # not spelled out here: this file would match itself
+    bare = [
+        f"{path.relative_to(PACKAGE.parent)}:{number}"
+        for folder in ("zoo", "tests", "bench", "tools", "docs")
+        for path in (PACKAGE.parent / folder).rglob("*.py")
+        for number, line in enumerate(path.read_text().splitlines(), 1)
+        if marker in line and not re.search(marker + r"(: [A-Z0-9, ]+)? - \S", line)
+    ]
+    assert bare == []
