@@ -122,6 +122,10 @@ class Recording:
                 )
             method, arguments = (self.index_configs, (targets,)) if targets else (self.index_hub, ())
         elif source == "installed":
+            if options.get("pretrained"):
+                raise InvalidArgument(
+                    "installed indexes the architectures and their pretrained variants both: no pretrained flag"
+                )
             method, arguments = self.index_installed, (targets,)
         else:
             method, arguments = self.index_family, (source, targets)
