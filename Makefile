@@ -42,9 +42,14 @@ run: $(RUNTIME)
 	f'devices {sorted({str(p.device) for p in m.parameters()})}, {t2 - t1:.2f} s (importing torch, timm and zoo before ' \
 	f'it: {t1 - t0:.2f} s)')"
 
+# Test processes (pytest-xdist), each taking whole files (module fixtures are built once). Most tests keep one core
+# busy at a time (a CLI's imports, a meta build): two processes on CI's two cores take 15 minutes instead of 23.
+WORKERS ?= 2
+PYTEST := $(BIN)/python -m pytest -q -n $(WORKERS) --dist loadfile
+
 # Lint first: a formatting slip or a type error fails in seconds, not after the suite.
 test: lint
-	$(BIN)/python -m pytest -q
+	$(PYTEST)
 
 # ruff (lint and format, pyproject.toml) and mypy over zoo/; pre-commit runs the same (.pre-commit-config.yaml).
 lint: $(STAMP)
@@ -56,7 +61,7 @@ lint: $(STAMP)
 # timm_checks, sweep) and the tests of a real component they start (browser: Chromium; postgres: the PostgreSQL
 # server; distributed: torch.distributed ranks as processes). tests/conftest.py sets those three markers.
 test-fast: $(STAMP)
-	$(BIN)/python -m pytest -q -m "not slow and not sweep and not timm_checks and not browser and not postgres and not distributed"
+	$(PYTEST) -m "not slow and not sweep and not whole_zoo and not timm_checks and not browser and not postgres and not distributed"
 
 # timm's model checks on every architecture of tests/test_timm_checks.py alone (make test runs them too); about 5 min.
 test-timm-checks: $(STAMP)
