@@ -72,18 +72,21 @@ def conv_and_tied(tmp_path_factory):
     from zoo.registry import db
 
     url = f"sqlite:///{tmp_path_factory.mktemp('conv_and_tied') / 'r.db'}"
-    indexer.index_one(
-        url,
-        "user/conv",
-        Recipe("user", "tests.builders:conv_net"),
-        trusted={"tests"},
-        inputs=[{"shape": [1, 3, 32, 32]}],
-    )
+    index_conv(url)
     indexer.index_one(url, "user/tied", Recipe("user", "tests.builders:tied_net"), trusted={"tests"})
     db.compact(url)
     before = _contents(url)
     yield url
     assert _contents(url) == before, "a test wrote to the shared conv_and_tied registry"
+
+
+def index_conv(url: str) -> None:
+    """Index user/conv (tests.builders.conv_net) with its input, so that it has FLOPs and can be benched."""
+    from zoo.indexing import indexer
+    from zoo.recipe import Recipe
+
+    conv = Recipe("user", "tests.builders:conv_net")
+    indexer.index_one(url, "user/conv", conv, trusted={"tests"}, inputs=[{"shape": [1, 3, 32, 32]}])
 
 
 def sqlite_copy(source: str, target) -> str:

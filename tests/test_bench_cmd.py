@@ -10,7 +10,7 @@ import timm
 import torch
 
 import zoo
-from tests.conftest import cli_json, run_cli, sqlite_copy
+from tests.conftest import cli_json, index_conv, run_cli, sqlite_copy
 from zoo.registry import db, store
 from zoo.throughput import benchmark
 
@@ -20,17 +20,10 @@ FEW = dict(steps=2, warmup=1)
 @pytest.fixture(scope="module")
 def indexed(tmp_path_factory) -> str:
     from zoo.indexing import indexer
-    from zoo.recipe import Recipe
 
     url = f"sqlite:///{tmp_path_factory.mktemp('bench') / 'bench.db'}"
     indexer.index_family(url, "timm", ["resnet18", "vit_tiny_patch16_224", "vit_tiny_patch16_384"])
-    indexer.index_one(
-        url,
-        "user/conv",
-        Recipe("user", "tests.builders:conv_net"),
-        trusted={"tests"},
-        inputs=[{"shape": [1, 3, 32, 32]}],
-    )
+    index_conv(url)
     db.compact(url)  # one self-contained file (no WAL beside it), as a test's copy starts
     return url
 

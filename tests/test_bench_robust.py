@@ -9,7 +9,7 @@ import sqlite3
 import pytest
 
 import zoo
-from tests.conftest import sqlite_copy
+from tests.conftest import index_conv, sqlite_copy
 from zoo.cli import main
 from zoo.registry import db
 from zoo.throughput import benchmark
@@ -39,13 +39,7 @@ def indexed(tmp_path_factory) -> str:
             trusted={"tests"},
             inputs=[{"shape": [1, 4]}],
         )
-    indexer.index_one(
-        url,
-        "user/conv",
-        Recipe("user", "tests.builders:conv_net"),
-        trusted={"tests"},
-        inputs=[{"shape": [1, 3, 32, 32]}],
-    )
+    index_conv(url)
     db.compact(url)  # one self-contained file, as a test's copy starts
     return url
 
