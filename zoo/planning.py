@@ -36,7 +36,7 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
 from zoo.dtypes import FLOAT_NAMES
-from zoo.errors import HardwareNotFound, InvalidArgument
+from zoo.errors import AnalysisError, HardwareNotFound, InvalidArgument
 from zoo.throughput.roofline import HARDWARE, INPUTS, Device, load_hardware, predict
 
 # dtype -> (compute bytes, master bytes, the dtype the forward runs in). amp-*: autocast (or FSDP2's
@@ -60,15 +60,13 @@ OTHER = {
     "the default; torch's DistributedDataParallel documentation)",
     "amp_copies": "amp-* under FSDP2 without autocast: low-precision copies of the weights, kept for backward",
     "cuda_reserve": "a GPU of the hardware table: the CUDA context, cuDNN's and cuBLAS's handles and workspaces",
-    "allocator": "a GPU of the hardware table: the caching allocator's rounding and fragmentation, a fraction of the "
-    "activations",
+    "allocator": "a GPU of the hardware table: the caching allocator's rounding and fragmentation (of activations)",
 }
 # Calibrated on half of timm's RTX 3090 training benchmark (bench/plan_vs_published.py: the largest batch of its retry
 # sequence that fit 24 GiB, AMP, SGD); held out: 92.8% of 320 models exact, 99.4% within one step (README).
 CUDA_RESERVE = 32 * 2**20  # bytes, whatever the batch
 ALLOCATOR_FRACTION = 0.115  # of the activations (and inputs) measured on meta
-# Measured / predicted throughput of the median model (docs/guides/speed.md, bench/predict_throughput.py):
-# infer_4090_amp for inference, train_3090_amp for training; their p50 and p90 errors are the band.
+# Measured / predicted throughput of the median model, p50 and p90 errors the band (docs/guides/speed.md)
 MEDIAN_RATIO = {"infer": (0.457, 2.19, 3.28), "train": (0.312, 3.20, 4.54)}
 _UNITS = {"b": 1, "kb": 1e3, "mb": 1e6, "gb": 1e9, "tb": 1e12, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
 
@@ -207,15 +205,18 @@ class Activations:
 
 
 def fit_activations(measure: Callable[[int, int | None], tuple[int, int]], seq: int | None) -> Activations:
-    """Fit from measure(batch, seq) -> (activations + inputs, kv_cache) at (1, s), (2, s) and, with a sequence,
-    (1, 2s): three points, three unknowns, so the fit is exact wherever the model is affine in batch."""
-    one, kv = measure(1, seq)
-    per_sample = measure(2, seq)[0] - one
+    """Fit from measure(batch, seq) -> (activations + inputs, kv_cache) at (b, s), (2b, s) and, with a sequence,
+    (b, 2s): exact wherever the model is affine in batch. b is 1, or 2 where BatchNorm refuses a batch of one."""
+    try:
+        b, (first, kv) = 1, measure(1, seq)
+    except AnalysisError:  # measured at 2 and 4 instead; fails as batch 1 did where that was not the reason
+        b, (first, kv) = 2, measure(2, seq)
+    per_sample = (measure(2 * b, seq)[0] - first) / b
     if seq is None:
-        return Activations(one - per_sample, per_sample, 0.0, 0.0, None)
-    longer = measure(1, 2 * seq)[0] - (one - per_sample)  # per sample at 2s
+        return Activations(first - b * per_sample, per_sample, 0.0, 0.0, None)
+    longer = (measure(b, 2 * seq)[0] - (first - b * per_sample)) / b  # per sample at 2s
     q = max(0.0, (longer - 2 * per_sample) / (2 * seq * seq))  # a x 2s + q x 4s^2 = longer, a x s + q x s^2 = per
-    return Activations(one - per_sample, (per_sample - q * seq * seq) / seq, q, kv / seq, seq)
+    return Activations(first - b * per_sample, (per_sample - q * seq * seq) / seq, q, kv / (b * seq), seq)
 
 
 def measurer(estimate: Callable[..., Any], o: PlanOptions) -> Callable[[int, int | None], tuple[int, int]]:
