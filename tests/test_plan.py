@@ -10,7 +10,7 @@ import transformers
 
 import zoo
 from zoo.errors import HardwareNotFound, InvalidArgument
-from zoo.planning import PlanOptions, hardware_of, model_states
+from zoo.planning import PlanOptions, hardware_of, model_states, shape_groups
 
 LLAMA_1B = "hf/meta-llama/Llama-3.2-1B"  # 1,235,814,400 parameters, 32 heads, 8 key-value heads
 TINY = "hf/test-org/tiny-llama"
@@ -140,14 +140,14 @@ def test_model_states_are_the_zero_papers_closed_forms(devices, fsdp):
     16). DDP replicates them (ZeRO's baseline); full sharding over N ranks divides them by N (ZeRO-3)."""
     info = zoo.info(LLAMA_1B, tensors=True)
     o = PlanOptions(hardware="H100", devices=devices, fsdp=fsdp, training=True, dtype="amp-bf16", optimizer="adam")
-    states = model_states(info.tensor_table, o.checked())
+    states = model_states(shape_groups(info.tensor_table), o.checked())
     assert sum(states.values()) == pytest.approx(16 * info.params / fsdp, rel=0.01)
 
 
 def test_a_plans_model_states_are_its_tensor_tables(tiny):
     o = PlanOptions(hardware="H100", devices=4, fsdp=4, training=True, dtype="amp-bf16", optimizer="adam", batch=1)
     p = registry_of(TINY, tiny).plan(TINY, **o.__dict__)
-    states = model_states(registry_of(TINY, tiny).info(TINY, tensors=True).tensor_table, o.checked())
+    states = model_states(shape_groups(registry_of(TINY, tiny).info(TINY, tensors=True).tensor_table), o.checked())
     assert {k: p.per_device[k] for k in states} == states
 
 
@@ -229,7 +229,7 @@ def four_ranks(tiny, tmp_path_factory) -> dict:
 def _planned(name: str, tiny: str, world: int, rank: int) -> dict:
     info = registry_of(name, tiny).info(name, tensors=True)
     o = PlanOptions(hardware="cpu", devices=world, fsdp=world, training=True, dtype="fp32", optimizer="adamw")
-    return model_states(info.tensor_table, o.checked(), rank)
+    return model_states(shape_groups(info.tensor_table), o.checked(), rank)
 
 
 @pytest.mark.parametrize("name", MODELS)

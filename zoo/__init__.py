@@ -131,6 +131,7 @@ def search(
     limit: int | None = None,
     fields=None,
     registry: str | Zoo | None = None,
+    fits: str | None = None,
 ) -> list[ModelInfo] | list[dict]:
     """Every model matching a search, from the registry alone (torch is never imported).
 
@@ -138,22 +139,27 @@ def search(
         expression: "params<7e9 and family=timm and name~'vit_*'", or F.params < 7e9; None: every model.
         order_by: a field, "-field" for descending.
         limit: the first `limit` matches only.
-        fields: field names: a dict of just those per model instead of a ModelInfo.
+        fields: field names: a dict of just those per model instead of a ModelInfo; with fits, also max_batch.
         registry: a URL, path or Zoo; default $ZOO_REGISTRY, else the shipped registry.db.
+        fits: only the models whose plan fits this hardware and run ("H100 train batch=8 seq=4096 fsdp=8 devices=8":
+            the hardware, train or infer, then the plan's keywords as key=value), from recorded data.
 
     Returns:
         A list of ModelInfo, or of dicts with `fields`.
 
     Raises:
         SearchSyntaxError: a malformed search or an unknown field (InvalidComparison: a value of the wrong kind).
-        InvalidArgument: a bad limit, order_by or field name.
+        InvalidArgument: a bad limit, order_by or field name; a malformed fits or one zoo index records no plan for.
+        HardwareNotFound: fits names hardware that is neither a listed device nor an amount of memory.
         RegistryNotFound: no registry there.
 
     Examples:
         >>> [m.name for m in zoo.search("top1>85 and params<30M", order_by="-top1", limit=1)]
         ['timm/tiny_vit_21m_512.dist_in22k_ft_in1k']
+        >>> zoo.search("name~'*Llama-3.1-8B'", fits="H100 train seq=4096 fsdp=8 devices=8", fields=["max_batch"])
+        [{'max_batch': 5}]
     """
-    return _registry(registry).search(expression, order_by, limit, fields)
+    return _registry(registry).search(expression, order_by, limit, fields, fits)
 
 
 def scan(name_or_module, *inputs_or_shapes, registry: str | Zoo | None = None, **options) -> Scan:

@@ -84,11 +84,21 @@ class Zoo(Sizing, Recording):
 
     @overload
     def search(
-        self, expression=..., order_by: str | None = ..., limit: int | None = ..., fields: None = ...
+        self,
+        expression=...,
+        order_by: str | None = ...,
+        limit: int | None = ...,
+        fields: None = ...,
+        fits: str | None = ...,
     ) -> list[ModelInfo]: ...
     @overload
     def search(
-        self, expression=..., order_by: str | None = ..., limit: int | None = ..., fields: Iterable[str] = ...
+        self,
+        expression=...,
+        order_by: str | None = ...,
+        limit: int | None = ...,
+        fields: Iterable[str] = ...,
+        fits: str | None = ...,
     ) -> list[dict]: ...
     def search(
         self,
@@ -96,6 +106,7 @@ class Zoo(Sizing, Recording):
         order_by: str | None = None,
         limit: int | None = None,
         fields: Iterable[str] | None = None,
+        fits: str | None = None,
     ) -> list[ModelInfo] | list[dict]:
         """Every model matching a search, from the registry alone, in milliseconds.
 
@@ -105,7 +116,9 @@ class Zoo(Sizing, Recording):
             order_by: a field, "-field" for descending ("-params"); default: by name.
             limit: the first `limit` matches only.
             fields: field names: a dict of just those per model instead of a ModelInfo (faster); a measured field
-                (bench_cpu: the best recorded run) or a predicted one (pred_*) too.
+                (bench_cpu: the best recorded run) or a predicted one (pred_*) too; with fits, `max_batch`.
+            fits: only the models whose plan fits: a hardware and a run, "H100 train batch=8 seq=4096 fsdp=8
+                devices=8" (zoo.fitting.fits_options), answered from what zoo index records (no model is built).
 
         Returns:
             A list of ModelInfo, or of dicts with `fields`.
@@ -113,7 +126,9 @@ class Zoo(Sizing, Recording):
         Raises:
             SearchSyntaxError: a malformed search (with the column of the error), an unknown field (close ones
                 named); InvalidComparison: a value of the wrong kind for its field.
-            InvalidArgument: a bad limit, order_by or field name.
+            InvalidArgument: a bad limit, order_by or field name; a fits spec that is malformed or names a run
+                zoo index does not record (zoo plan measures one model in any run).
+            HardwareNotFound: a fits spec whose hardware is neither a listed device nor an amount of memory.
             RegistryNotFound: no registry at the URL.
 
         Examples:
@@ -124,6 +139,8 @@ class Zoo(Sizing, Recording):
             raise InvalidArgument(f"limit is a whole number >= 0 (or None for every match), not {limit!r}")
         if order_by is not None and not isinstance(order_by, str):
             raise InvalidArgument(f"order_by names a field, e.g. 'params' or '-params', not {order_by!r}")
+        if fits is not None:
+            return [found for found, _ in self._search_fits(expression, order_by, limit, fields, fits)[0]]
         fields = None if fields is None else check_fields(fields)
         computed = [f for f in fields or () if not (f in BY_NAME and BY_NAME[f].public)]
         if not computed:
@@ -147,6 +164,21 @@ class Zoo(Sizing, Recording):
             }
             for r in rows
         ]
+
+    def _search_fits(self, expression, order_by, limit, fields, fits) -> tuple[list[tuple], list[str]]:
+        """search with fits: ([(ModelInfo, or a dict of `fields` with max_batch; its Plan)], the names of matching
+        rows that record no plan for this run)."""
+        from zoo.fitting import FIELDS, ROW_FIELDS, fits_options, fitting
+
+        o = fits_options(fits)
+        wanted = None if fields is None else check_fields([f for f in fields if f not in FIELDS])
+        rows = self.search(expression, order_by, None, tuple(dict.fromkeys([*ROW_FIELDS, *(wanted or ())])))
+        kept, unplanned = fitting(rows, o)
+        kept = kept[:limit] if limit is not None else kept
+        if fields is None:  # whole rows, for the names that fit
+            found = {m.name: m for m in self.search(expression, order_by, None)}
+            return [(found[row["name"]], p) for row, p in kept], unplanned
+        return [({f: p.max_batch if f == "max_batch" else row[f] for f in fields}, p) for row, p in kept], unplanned
 
     def _search(self, expression, order_by, limit, fields):
         from zoo.registry import lite

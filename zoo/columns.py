@@ -275,6 +275,19 @@ COLUMNS: tuple[Column, ...] = (
         "filter_kwargs) and the timm version that caught it; weights='pretrained' replays it, where it is what "
         "timm would pass, instead of building the model twice",
     ),
+    Column(
+        "plan_shapes",
+        "json",
+        "what zoo.plan counts model states from (zoo.planning.shape_groups): parameters grouped by module, leaf and "
+        "shape, the buffers' bytes, the largest repeated block",
+    ),
+    Column(
+        "plan_activations",
+        "json",
+        "activation fits zoo.plan and search --fits read, by mode (zoo.planning.RECORDED_MODES): two regimes' "
+        "c0, c1, a, q and the KV cache bytes per token",
+        analysis=True,
+    ),
     Column("card", "json", "published facts beyond the metrics: paper, recipe, origin, notes"),
     Column("metrics", "json", "every published metric, {dataset: {metric: value}}"),
     Column(

@@ -113,6 +113,12 @@ class ModelInfo:
     in_chans, strict, the checkpoint filter as module:function with its filter_kwargs) and the timm version that
     caught it; weights='pretrained' replays it, where it is what timm would pass, instead of building the model
     twice"""
+    plan_shapes: Any | None
+    """what zoo.plan counts model states from (zoo.planning.shape_groups): parameters grouped by module, leaf and
+    shape, the buffers' bytes, the largest repeated block"""
+    plan_activations: Any | None
+    """activation fits zoo.plan and search --fits read, by mode (zoo.planning.RECORDED_MODES): two regimes' c0, c1,
+    a, q and the KV cache bytes per token"""
     card: Any | None
     """published facts beyond the metrics: paper, recipe, origin, notes"""
     metrics: Any | None

@@ -28,11 +28,12 @@ hardware table. What each term counts, per device (`batch` is each device's micr
 from __future__ import annotations
 
 import difflib
+import functools
 import math
 import os
 import re
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field, fields, replace
+from dataclasses import asdict, astuple, dataclass, field, fields, replace
 from typing import Any
 
 from zoo.dtypes import FLOAT_NAMES
@@ -46,6 +47,8 @@ PRECISIONS = {k: (_BYTES[v], _BYTES[v], k) for k, v in FLOAT_NAMES.items()} | {
     "amp-bf16": (2, 4, "bf16"),
     "amp-fp16": (2, 4, "fp16"),
 }
+# The KV cache's element bytes by dtype name (zoo.analysis.memory.KV_DTYPES, torch-free)
+KV_BYTES = {k: _BYTES[v] for k, v in FLOAT_NAMES.items()} | {"fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1, "int8": 1}
 STATES = {"adamw": 2, "adam": 2, "sgd": 1, "none": 0}  # optimizer tensors per parameter
 STEP_BYTES = {"adamw": 4, "adam": 4, "sgd": 0, "none": 0}  # adam's 0-d float32 step, one per parameter
 # The standard tensor-parallel plan (Megatron-LM; torch's parallelize_module with ColwiseParallel/RowwiseParallel,
@@ -126,7 +129,13 @@ class PlanOptions:
             raise InvalidArgument(f"input_size must be (channels, height, width), not {size!r:.40}", "input_size")
         if self.kv_dtype is not None and self.training:
             raise InvalidArgument("kv_dtype applies to inference: leave it unset with training=True", "kv_dtype")
-        return replace(self, dtype=dtype, optimizer=optimizer, input_size=tuple(size) if size else None)
+        kv_dtype = str(self.kv_dtype).lower().removeprefix("torch.") if self.kv_dtype is not None else None
+        if kv_dtype is not None and kv_dtype not in KV_BYTES:
+            raise InvalidArgument(
+                f"kv_dtype must be one of {', '.join(KV_BYTES)}, not {self.kv_dtype!r:.40}", "kv_dtype"
+            )
+        size = tuple(size) if size else None
+        return replace(self, dtype=dtype, optimizer=optimizer, input_size=size, kv_dtype=kv_dtype)
 
 
 @dataclass(frozen=True)
@@ -145,6 +154,7 @@ def _key(text: str) -> str:
     return re.sub(r"[^a-z0-9]", "", text.lower().replace("nvidia", "").replace("geforce", ""))
 
 
+@functools.lru_cache(maxsize=4)  # a search by fit plans thousands of rows on one device
 def load_devices(path=HARDWARE) -> dict[str, Hardware]:
     """The devices of the hardware table by every name they go by (normalized: case, spaces and hyphens aside)."""
     import csv
@@ -189,50 +199,136 @@ def hardware_of(value) -> Hardware:
     raise HardwareNotFound(text, close or names)
 
 
-@dataclass(frozen=True)
-class Activations:
-    """Activation bytes per device as c + batch x (a x seq + q x seq^2), and the KV cache per token."""
+# Where activations are measured (zoo.estimate on meta; a size costs nothing there): a low regime at batch 1 and 2,
+# where what is batch-independent rules the peak (a weight's gradient or cast in backward, the optimizer step), and a
+# high regime at HIGH_BATCH and twice it, where the samples' activations do; token models at the sequence s0 and 2 s0.
+HIGH_BATCH = 64
 
-    c: float
+
+@dataclass(frozen=True)
+class Regime:
+    """Activation bytes c0 + c1 x seq + batch x (a x seq + q x seq^2): exact for a model whose peak falls at the same
+    point of the step at every size, with q what an attention that materializes its scores adds (0 when fused)."""
+
+    c0: float
+    c1: float
     a: float
     q: float
-    kv_per_token: float
-    seq: int | None
+
+    def at(self, batch: int, seq: int | None) -> float:
+        s = seq or 1
+        return self.c0 + self.c1 * s + batch * (self.a * s + self.q * s * s)
+
+    def per_sample(self, seq: int | None) -> float:
+        s = seq or 1
+        return self.a * s + self.q * s * s
+
+
+@dataclass(frozen=True)
+class Activations:
+    """Activation (and input) bytes per device: the larger of the two regimes, and the KV cache per token."""
+
+    low: Regime
+    high: Regime
+    kv_per_token: float = 0.0  # bytes per token of one sample, at the compute dtype
 
     def at(self, batch: int, seq: int | None) -> int:
-        s = seq or 1
-        return math.ceil(self.c + batch * (self.a * s + self.q * s * s))
+        return max(0, math.ceil(max(self.low.at(batch, seq), self.high.at(batch, seq))))
+
+    def scaled(self, factor: float) -> Activations:
+        low, high = (Regime(*(v * factor for v in astuple(r))) for r in (self.low, self.high))
+        return replace(self, low=low, high=high)
+
+    def as_json(self) -> list:
+        return [*astuple(self.low), *astuple(self.high), self.kv_per_token]
+
+    @classmethod
+    def from_json(cls, values: list) -> Activations:
+        return cls(Regime(*values[:4]), Regime(*values[4:8]), values[8])
+
+
+def fit_points(seq: int | None, low_batch: int = 1) -> list[tuple[int, int | None]]:
+    """The (batch, seq) points fit_activations measures: two regimes, each at a batch and its double (and, with a
+    sequence, at seq and twice it)."""
+    seqs = [seq, 2 * seq] if seq else [None]
+    return [(b, s) for batch in (low_batch, HIGH_BATCH) for s in seqs for b in (batch, 2 * batch)]
+
+
+def _regime(f: dict, b: int, s: int | None) -> Regime:
+    """The regime through f's four points at (b, s), (2b, s), (b, 2s), (2b, 2s) (two at (b, -), (2b, -))."""
+    per = (f[2 * b, s] - f[b, s]) / b
+    if s is None:
+        return Regime(f[b, s] - b * per, 0.0, per, 0.0)
+    longer = (f[2 * b, 2 * s] - f[b, 2 * s]) / b  # a x 2s + q x 4s^2, with per = a x s + q x s^2
+    q = (longer - 2 * per) / (2 * s * s)
+    c, c_longer = f[b, s] - b * per, f[b, 2 * s] - b * longer
+    c1 = (c_longer - c) / s
+    return Regime(c - c1 * s, c1, (per - q * s * s) / s, q)
 
 
 def fit_activations(measure: Callable[[int, int | None], tuple[int, int]], seq: int | None) -> Activations:
-    """Fit from measure(batch, seq) -> (activations + inputs, kv_cache) at (b, s), (2b, s) and, with a sequence,
-    (b, 2s): exact wherever the model is affine in batch. b is 1, or 2 where BatchNorm refuses a batch of one."""
+    """Fit from measure(batch, seq) -> (activations + inputs, kv_cache) at fit_points: exact at each of them, and
+    wherever the model's peak is one of the two regimes. The low regime is at batch 2 and 4 where BatchNorm refuses a
+    batch of one."""
     try:
-        b, (first, kv) = 1, measure(1, seq)
+        low, kv = 1, measure(1, seq)
     except AnalysisError:  # measured at 2 and 4 instead; fails as batch 1 did where that was not the reason
-        b, (first, kv) = 2, measure(2, seq)
-    per_sample = (measure(2 * b, seq)[0] - first) / b
-    if seq is None:
-        return Activations(first - b * per_sample, per_sample, 0.0, 0.0, None)
-    longer = (measure(b, 2 * seq)[0] - (first - b * per_sample)) / b  # per sample at 2s
-    q = max(0.0, (longer - 2 * per_sample) / (2 * seq * seq))  # a x 2s + q x 4s^2 = longer, a x s + q x s^2 = per
-    return Activations(first - b * per_sample, (per_sample - q * seq * seq) / seq, q, kv / (b * seq), seq)
+        low, kv = 2, measure(2, seq)
+    f = {(b, s): measure(b, s)[0] for b, s in fit_points(seq, low)}
+    kv_per_token = kv[1] / (low * seq) if seq else 0.0
+    return Activations(_regime(f, low, seq), _regime(f, HIGH_BATCH, seq), kv_per_token)
+
+
+def mode_of(o: PlanOptions) -> str:
+    """What the activations of a plan depend on besides batch and sequence: the key they are recorded under."""
+    o = o.checked()
+    bits = PRECISIONS[o.dtype or "bf16"][0] * 8
+    if not o.training:
+        return f"infer-{bits}"
+    optimizer = {"adamw": "adam"}.get(o.optimizer or "none", o.optimizer)  # the same step temporaries
+    return f"train-{'amp' if autocast(o) else bits}-{optimizer}" + ("-ckpt" if o.checkpointing else "")
+
+
+# The modes `zoo index` records for every model (zoo.analysis.plan_record), with options that have them: the
+# defaults of inference (bf16), of training (amp-bf16, adamw) and of FSDP2 training (amp-bf16 there casts the
+# parameters, not the ops, as bf16 training does).
+RECORDED_MODES: dict[str, dict[str, Any]] = {
+    "infer-16": dict(dtype="bf16"),
+    "train-amp-adam": dict(training=True, dtype="amp-bf16", optimizer="adamw"),
+    "train-16-adam": dict(training=True, dtype="bf16", optimizer="adamw"),
+}
+
+
+def recorded_activations(row, o: PlanOptions) -> Activations | None:
+    """The activations a row records for these options (zoo index measured them), None where it records none: a mode
+    not in RECORDED_MODES, an input_size of its own, a row indexed before they were recorded."""
+    values = (getattr(row, "plan_activations", None) or {}).get(mode_of(o))
+    if not isinstance(values, list) or o.input_size is not None:  # text: why zoo index could not measure it
+        return None
+    return Activations.from_json(values)
 
 
 def measurer(estimate: Callable[..., Any], o: PlanOptions) -> Callable[[int, int | None], tuple[int, int]]:
     """measure(batch, seq_len) -> (activations + inputs, kv_cache) from zoo.estimate of one module with the plan's
-    dtype (amp-*: under autocast to its compute dtype, but for FSDP2), training, optimizer, checkpointing, kv_dtype
-    and input_size."""
-    o = o.checked()
-    kw = dict(dtype=PRECISIONS[o.dtype or "bf16"][2], training=o.training, optimizer=o.optimizer or "none")
-    kw |= dict(amp=True) if autocast(o) else {}
-    kw |= dict(input_size=tuple(o.input_size)) if o.input_size else {}
+    dtype (amp-*: under autocast to its compute dtype, but for FSDP2), training, optimizer, checkpointing and
+    input_size; the KV cache at the compute dtype (Plan scales it to kv_dtype)."""
+    kw = estimate_options(o)
 
     def measure(batch: int, seq_len: int | None) -> tuple[int, int]:
-        e = estimate(batch=batch, seq_len=seq_len, checkpointing=o.checkpointing, kv_dtype=o.kv_dtype, **kw)
+        e = estimate(batch=batch, seq_len=seq_len, **kw)
         return e.activations + e.inputs, e.kv_cache
 
     return measure
+
+
+def estimate_options(o: PlanOptions) -> dict:
+    """zoo.estimate's options for the activations of a plan (its mode_of): the optimizer by its step temporaries."""
+    o = o.checked()
+    kw: dict[str, Any] = dict(dtype=PRECISIONS[o.dtype or "bf16"][2], training=o.training)
+    kw |= dict(optimizer=o.optimizer, checkpointing=o.checkpointing) if o.training else {}
+    kw |= dict(amp=True) if autocast(o) else {}
+    kw |= dict(input_size=tuple(o.input_size)) if o.input_size else {}
+    return kw
 
 
 def autocast(o: PlanOptions) -> bool:
@@ -260,29 +356,50 @@ def _tp_split(name: str, shape: tuple, tp: int) -> tuple:
     return shape
 
 
-def model_states(tensors: Sequence, o: PlanOptions, rank: int = 0) -> dict[str, int]:
-    """Weights, gradients and optimizer states on FSDP rank `rank` (and TP rank 0) of a tensor table
-    (zoo.inspection.TensorInfo rows), as the module docstring counts them. Rank 0 holds the most."""
-    compute, master, _ = PRECISIONS[o.dtype or "bf16"]
-    k = STATES[o.optimizer] if o.training and o.optimizer else 0
-    out = {"weights": 0, "gradients": 0, "optimizer": 0}
+def shape_groups(tensors: Sequence) -> dict:
+    """What model_states and other_bytes read of a tensor table (zoo.inspection.TensorInfo rows), small enough to be a
+    registry column (`plan_shapes`, recorded by zoo index): the untied parameters grouped by (module, leaf name,
+    shape) with their count, the buffers' floating elements and other bytes, and FSDP2's units (blocks)."""
+    groups: dict[tuple, int] = {}
+    floating = other = 0
     for t in tensors:
         if t.tied_to is not None:
             continue
-        floating = t.dtype in _BYTES
         if t.kind != "parameter":
-            out["weights"] += t.numel * (
-                (compute if master == compute else 4) if floating else t.bytes // max(t.numel, 1)
-            )
+            floating += t.numel if t.dtype in _BYTES else 0
+            other += 0 if t.dtype in _BYTES else t.bytes
             continue
-        shape = _tp_split(t.name, tuple(t.shape), o.tp)
+        parts = t.name.split(".")
+        key = (parts[-2] if len(parts) > 1 else "", parts[-1], tuple(t.shape))
+        groups[key] = groups.get(key, 0) + 1
+    counts, root = blocks(tensors)
+    return {
+        "params": [[module, leaf, list(shape), n] for (module, leaf, shape), n in groups.items()],
+        "buffers": [floating, other],
+        "blocks": [max(counts, default=0), root],
+    }
+
+
+def model_states(shapes: dict, o: PlanOptions, rank: int = 0) -> dict[str, int]:
+    """Weights, gradients and optimizer states on FSDP rank `rank` (and TP rank 0) of a model's shape_groups, as the
+    module docstring counts them. Rank 0 holds the most."""
+    compute, master, _ = PRECISIONS[o.dtype or "bf16"]
+    k = STATES[o.optimizer] if o.training and o.optimizer else 0
+    floating, other = shapes["buffers"]
+    out = {"weights": floating * (compute if master == compute else 4) + other, "gradients": 0, "optimizer": 0}
+    for module, leaf, full, count in shapes["params"]:
+        shape = _tp_split(f"{module}.{leaf}", tuple(full), o.tp)
         rest = math.prod(shape[1:]) if shape else 1
         held, stored = _chunk(shape[0], o.fsdp, rank) if shape and o.fsdp > 1 else (shape[0] if shape else 1,) * 2
-        out["weights"] += stored * rest * master
+        out["weights"] += count * stored * rest * master
         if o.training:
-            out["gradients"] += stored * rest * master
-            out["optimizer"] += k * held * rest * master + STEP_BYTES[o.optimizer or "none"]
+            out["gradients"] += count * stored * rest * master
+            out["optimizer"] += count * (k * held * rest * master + STEP_BYTES[o.optimizer or "none"])
     return out
+
+
+def param_count(shapes: dict) -> int:
+    return sum(count * math.prod(shape) for _, _, shape, count in shapes["params"])
 
 
 def blocks(tensors: Sequence) -> tuple[list[int], int]:
@@ -305,17 +422,15 @@ def blocks(tensors: Sequence) -> tuple[list[int], int]:
     return counts, sum(t.numel for t in params) - sum(counts)
 
 
-def other_bytes(tensors: Sequence, o: PlanOptions, states: dict[str, int]) -> dict[str, int]:
+def other_bytes(shapes: dict, o: PlanOptions, states: dict[str, int]) -> dict[str, int]:
     """The terms of OTHER that apply to this layout."""
     compute, master, _ = PRECISIONS[o.dtype or "bf16"]
     out = {}
     if o.fsdp > 1:
-        counts, root = blocks(tensors)
-        largest = max(counts, default=0)
+        largest, root = shapes["blocks"]
         out["fsdp_gathered"] = (root + 2 * largest) * compute // o.tp + (largest * compute // o.tp if o.training else 0)
     elif master != compute and not autocast(o):
-        params = sum(t.numel for t in tensors if t.kind == "parameter" and t.tied_to is None)
-        out["amp_copies"] = params * compute // o.tp if o.training else 0
+        out["amp_copies"] = param_count(shapes) * compute // o.tp if o.training else 0
     if o.training and o.devices // (o.fsdp * o.tp) > 1 and o.fsdp == 1:
         out["ddp_buckets"] = states["gradients"]
     return out
@@ -375,9 +490,9 @@ def _step_seconds(row, o: PlanOptions, hw: Hardware, batch: int, seq: int | None
         notes.append("step_seconds: none for hardware given as bytes or cpu (no peak FLOP/s or bandwidth)")
         return None
     numbers: dict[str, Any] = {k: getattr(row, k, None) for k in INPUTS} if row is not None else {}
-    row_seq = _row_seq(row)
-    if seq and row_seq and all(isinstance(v, (int, float)) for v in numbers.values()):
-        numbers = {k: float(v) * seq / row_seq for k, v in numbers.items()}  # linear in tokens: no s^2 term
+    analysed_seq = row_seq(row)
+    if seq and analysed_seq and all(isinstance(v, (int, float)) for v in numbers.values()):
+        numbers = {k: float(v) * seq / analysed_seq for k, v in numbers.items()}  # linear in tokens: no s^2 term
     mode = "train" if o.training else "infer"
     compute_bytes, master_bytes, _ = PRECISIONS[o.dtype or "bf16"]
     try:
@@ -408,21 +523,17 @@ def _step_seconds(row, o: PlanOptions, hw: Hardware, batch: int, seq: int | None
     return max(compute, comm) + tp_comm
 
 
-def _row_seq(row) -> int | None:
-    inputs = getattr(row, "inputs", None) or []
-    shape = inputs[0].get("shape") if inputs and isinstance(inputs[0], dict) else None
-    return shape[1] if getattr(row, "kv_bytes_per_token", None) is not None and shape and len(shape) == 2 else None
+def row_seq(row) -> int | None:
+    """The sequence length a token model's row was analysed at (its token ids' second dimension); None for others."""
+    for spec in getattr(row, "inputs", None) or ():
+        if isinstance(spec, dict) and spec.get("dtype") == "int64" and len(spec.get("shape") or ()) == 2:
+            return spec["shape"][1]
+    return None
 
 
-def plan(
-    name: str,
-    tensors: Sequence,
-    row,
-    options: PlanOptions,
-    measure: Callable[[int, int | None], tuple[int, int]],
-) -> Plan:
-    """The Plan of a model: its tensor table and registry row (a ModelInfo, or None for a module without one),
-    `measure(batch, seq_len) -> (activation + input bytes, kv_cache bytes)` on one device (zoo.estimate on meta).
+def plan(name: str, shapes: dict, row, options: PlanOptions, activations: Activations) -> Plan:
+    """The Plan of a model: its shape_groups, its registry row (a ModelInfo, or None for a module without one) and its
+    activations on one device (recorded_activations, or fit_activations of zoo.estimate on meta).
 
     Raises InvalidArgument for a TP degree that does not divide the heads, HardwareNotFound for unknown hardware.
     """
@@ -435,47 +546,54 @@ def plan(
             "row records: tensor parallelism splits whole heads (a row without them: plan with tp=1)",
             "tp",
         )
-    seq = o.seq_len or _row_seq(row)
-    act = measured = fit_activations(measure, seq)
-    states = model_states(tensors, o)
-    other = other_bytes(tensors, o, states) | ({"cuda_reserve": CUDA_RESERVE} if hw.device else {})
+    if o.kv_dtype is not None and not activations.kv_per_token:
+        raise InvalidArgument("kv_dtype applies to the inference of a model that keeps a KV cache; this one keeps none")
+    if o.seq_len and row is not None and row_seq(row) is None:
+        raise InvalidArgument("seq_len applies to models with token inputs: this model's input has no sequence")
+    seq = o.seq_len or row_seq(row)
+    compute = PRECISIONS[o.dtype or "bf16"][0]
+    kv = activations.kv_per_token * (KV_BYTES[o.kv_dtype] if o.kv_dtype else compute) / compute
+    act = activations
+    states = model_states(shapes, o)
+    other = other_bytes(shapes, o, states) | ({"cuda_reserve": CUDA_RESERVE} if hw.device else {})
     if hw.device and ALLOCATOR_FRACTION:
-        act = replace(act, **{k: getattr(act, k) * (1 + ALLOCATOR_FRACTION) for k in ("c", "a", "q")})
+        act = activations.scaled(1 + ALLOCATOR_FRACTION)
     fixed = sum(states.values()) + sum(other.values())
 
     def total(batch: int, s: int | None = seq) -> int:
-        return fixed + act.at(batch, s) + math.ceil(batch * (s or 0) * act.kv_per_token)
+        return fixed + act.at(batch, s) + math.ceil(batch * (s or 0) * kv)
 
-    per_sample = act.a * (seq or 1) + act.q * (seq or 1) ** 2 + (seq or 0) * act.kv_per_token
-    max_batch = _solve(fixed + math.ceil(act.c), per_sample, hw.capacity)
+    max_batch = min(
+        _solve(fixed + math.ceil(r.at(0, seq)), r.per_sample(seq) + (seq or 0) * kv, hw.capacity)
+        for r in (act.low, act.high)
+    )
     while max_batch and total(max_batch) > hw.capacity:  # ceil of the sum vs the sum of ceils
         max_batch -= 1
     while max_batch < 2**31 - 1 and total(max_batch + 1) <= hw.capacity:
         max_batch += 1
     batch = o.batch or max(max_batch, 1)
     max_context = max_tokens = None
-    if act.kv_per_token and not o.training:
+    if kv and not o.training:
         lo, hi = 0, 2**31 - 1  # the longest sequence at this batch: total grows with it
         while lo < hi:
             mid = (lo + hi + 1) // 2
             lo, hi = (mid, hi) if total(batch, mid) <= hw.capacity else (lo, mid - 1)
         max_context = lo
         spare = hw.capacity - fixed - act.at(batch, seq)
-        max_tokens = max(0, int(spare // act.kv_per_token))
-    if act is not measured:
-        other["allocator"] = act.at(batch, seq) - measured.at(batch, seq)
+        max_tokens = max(0, int(spare // kv))
+    if act is not activations:
+        other["allocator"] = act.at(batch, seq) - activations.at(batch, seq)
     parts = {
         **states,
-        "activations": measured.at(batch, seq),
-        "kv_cache": math.ceil(batch * (seq or 0) * act.kv_per_token),
+        "activations": activations.at(batch, seq),
+        "kv_cache": math.ceil(batch * (seq or 0) * kv),
         "other": sum(other.values()),
     }
     parts["total"] = sum(parts.values())
     notes = [f"other: {k} ({OTHER[k]})" for k, v in other.items() if v]
     if o.tp > 1:
         notes.append(f"tp: column-parallel {', '.join(TP_COLWISE)}; row-parallel {', '.join(TP_ROWWISE)}")
-    params = sum(t.numel for t in tensors if t.kind == "parameter" and t.tied_to is None)
-    step = _step_seconds(row, o, hw, batch, seq, params, notes)
+    step = _step_seconds(row, o, hw, batch, seq, param_count(shapes), notes)
     return Plan(
         name=name,
         hardware=hw.name,

@@ -103,14 +103,26 @@ class Sizing:
             >>> zoo.plan("timm/resnet50", hardware="RTX 4090", training=True, dtype="amp-bf16").fits
             True
         """
-        from zoo.inspection import inspect_module
-        from zoo.planning import PlanOptions, measurer, plan
-        from zoo.state import state_of
+        from zoo.planning import PlanOptions, plan, recorded_activations
 
         o = PlanOptions.of(options).checked()  # refused before the model is built
+        if isinstance(name_or_module, str):  # what zoo index recorded: no module built
+            row = self.info(name_or_module)
+            recorded = recorded_activations(row, o)
+            if recorded is not None and row.plan_shapes:
+                return plan(row.name, row.plan_shapes, row, o, recorded)
+        return self._measured_plan(name_or_module, o)
+
+    def _measured_plan(self, name_or_module, o) -> Plan:
+        """A plan whose activations are measured now on meta: a mode or input size the row records none for."""
+        from zoo.inspection import inspect_module
+        from zoo.planning import fit_activations, measurer, plan, row_seq, shape_groups
+        from zoo.state import state_of
+
         state = None if isinstance(name_or_module, str) else state_of(name_or_module)
         name = name_or_module if isinstance(name_or_module, str) else (state.name if state else None)
         row, module = self.info(name, tensors=True) if name else None, self._module(name_or_module)
         table = row.tensor_table if row is not None and row.tensor_table else inspect_module(module).tensor_table
         measure = measurer(lambda **kw: self.estimate(module, **kw), o)  # activations on meta
-        return plan(row.name if row else type(module).__name__, table, row, o, measure)
+        activations = fit_activations(measure, o.seq_len or row_seq(row))
+        return plan(row.name if row else type(module).__name__, shape_groups(table), row, o, activations)

@@ -14,6 +14,7 @@ from torch import nn
 from zoo.analysis.forward import accepts, device_context, outputs_of, train_mode
 from zoo.analysis.inputs import inputs_of, make_inputs
 from zoo.analysis.meters import LiveBytes, SavedBytes, known_storages
+from zoo.analysis.plan_record import plan_activations
 from zoo.columns import ANALYSIS
 from zoo.errors import reason
 
@@ -33,6 +34,7 @@ class Analysis:
     output_shapes: list | None = None  # [[path, shape, dtype], ...] of the inference output
     inputs: list | None = None  # [{name, shape, dtype}, ...] the forward ran with (zoo.analysis.inputs.inputs_of)
     flops_per_token: int | None = None  # flops / the spec's seq_len: prefill cost per token (token models)
+    plan_activations: dict | None = None  # zoo.analysis.plan_record: activation fits per mode, for zoo.plan
 
     def columns(self) -> dict:
         """The registry columns this analysis fills (zoo.columns.ANALYSIS), as the registry stores them."""
@@ -90,4 +92,5 @@ def analyze(module: nn.Module, spec: dict | None, budget_s: float | None = DEFAU
     except Exception as e:
         error = f"training forward: {reason(e)}"
     per_token = flops // spec["seq_len"] if spec.get("seq_len") else None
-    return Analysis(SCAN_OK, error, flops, flops // 2, saved, live.peak, shapes, inputs, per_token)
+    fits = plan_activations(module, spec)
+    return Analysis(SCAN_OK, error, flops, flops // 2, saved, live.peak, shapes, inputs, per_token, fits)

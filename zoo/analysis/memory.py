@@ -416,12 +416,17 @@ def estimate(module: nn.Module, name: str | None = None, **options) -> Estimate:
     after the first; `checkpointing` recomputes each repeated block in backward (see checkpointed). `amp`: fp32
     parameters and inputs, the step under autocast to dtype (zoo.analysis.autocast); `input_size`: (C, H, W).
     """
+    if not isinstance(module, nn.Module):
+        raise AnalysisError(f"estimate takes a module, not {type(module).__name__}: use zoo.estimate for a name")
+    return estimate_at(module, input_spec_of(module), name, **options)
+
+
+def estimate_at(module: nn.Module, spec: dict | None, name: str | None = None, **options) -> Estimate:
+    """estimate with the input spec given (zoo index has the spec of a module it built, which zoo.get does not know
+    yet): the spec as zoo.analysis.inputs.described gives it."""
     o = EstimateOptions.of(options)
     tdtype = o.checked()
     weights_dtype = str(o.weights_dtype).lower() if o.weights_dtype is not None else None
-    if not isinstance(module, nn.Module):
-        raise AnalysisError(f"estimate takes a module, not {type(module).__name__}: use zoo.estimate for a name")
-    spec = input_spec_of(module)
     if not spec:
         raise AnalysisError("this model has no recorded input spec: estimate needs one to run its forward")
     if any(not (t.is_meta) for t in [*module.parameters(), *module.buffers()]):

@@ -80,6 +80,12 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--sort", help="field to sort by; -field for descending")
     s.add_argument("--limit", type=_whole(0, "a limit"), default=100, help="at most N rows (0: all)")
     s.add_argument("--fields", action="store_true", help="list the fields a search can use, with units")
+    s.add_argument(
+        "--fits",
+        metavar="SPEC",
+        help="only models whose plan fits, with their max_batch: the hardware, train or infer, then key=value of "
+        "batch, seq, devices, fsdp, tp, dtype, optimizer, e.g. 'H100 train batch=8 seq=4096 fsdp=8 devices=8'",
+    )
     s.add_argument("--json", action="store_true", help="print JSON instead of text")
     s.set_defaults(run=_command("cmd_search"))
 

@@ -23,6 +23,8 @@ def cmd_search(zoo, args) -> int:
         )
         return 0
     limit = None if args.limit == 0 else args.limit
+    if args.fits is not None:
+        return _search_fits(zoo, args, limit)
     if args.json:
         found = zoo.search(args.expression, order_by=args.sort, limit=limit)
         print(json.dumps([i.as_dict() for i in found], indent=1))
@@ -37,6 +39,29 @@ def cmd_search(zoo, args) -> int:
     measured, cells = measured_columns(zoo, args.expression, names, args.sort)  # bench_cpu, ...: best samples/s
     print(table([[*columns, *measured]] + [[*(render.cell(r, c) for c in columns), *m] for r, m in zip(rows, cells)]))
     if args.limit and len(rows) == args.limit:
+        print(f"(first {args.limit}; --limit 0 for all)", file=sys.stderr)
+    return 0
+
+
+def _search_fits(zoo, args, limit) -> int:
+    """search --fits: the models whose plan fits, with the max_batch of each (zoo.fitting)."""
+    columns = render.search_columns(args.expression, args.sort)
+    fields = None if args.json else (*columns, "max_batch")
+    found, unplanned = zoo._search_fits(args.expression, args.sort, limit, fields, args.fits)
+    if args.json:
+        print(json.dumps([{**info.as_dict(), "max_batch": p.max_batch} for info, p in found], indent=1))
+    elif found:
+        cells = [[*(render.cell(r, c) for c in columns), str(r["max_batch"])] for r, _ in found]
+        print(table([[*columns, "max_batch"], *cells]))
+    else:
+        print("no models fit", file=sys.stderr)
+    if unplanned:
+        print(
+            f"({len(unplanned)} matching models record no plan for this run, such as {unplanned[0]}: "
+            "zoo plan NAME measures one on meta)",
+            file=sys.stderr,
+        )
+    if args.limit and len(found) == args.limit:
         print(f"(first {args.limit}; --limit 0 for all)", file=sys.stderr)
     return 0
 

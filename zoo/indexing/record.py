@@ -15,11 +15,12 @@ from dataclasses import dataclass, field
 from zoo.columns import BY_NAME
 from zoo.errors import ZooError, reason
 from zoo.families import family
+from zoo.planning import shape_groups
 from zoo.recipe import Recipe
 
 # Bump when what a build records changes: every model is then rebuilt on the next index.
-RECORD_VERSION = 3  # 2: analysis columns (flops, macs, activation bytes, output shapes, scan status); 3: inputs,
-# flops_per_token, LLM fields, hf input specs
+RECORD_VERSION = 4  # 2: analysis columns (flops, macs, activation bytes, output shapes, scan status); 3: inputs,
+# flops_per_token, LLM fields, hf input specs; 4: plan_shapes, plan_activations
 # Bump when a row gains columns that need no new analysis: every row is rebuilt, its analysis reused (RECORD_VERSION
 # is part of the structure digest, which keys analyses; this is not). 1: load_args.
 ROW_VERSION = 1
@@ -158,6 +159,7 @@ def record_with_build(name, recipe, trusted=None, variant=None, inputs=None, kno
         "param_bytes": summary.param_bytes,
         "buffer_bytes": summary.buffer_bytes,
         "bytes": summary.bytes,
+        "plan_shapes": BY_NAME["plan_shapes"].encode(shape_groups(summary.tensor_table)),
         **analysis,
         **llm,
         "load_args": BY_NAME["load_args"].encode(fam.load_arguments(recipe.builder, recipe.kwargs)),

@@ -119,6 +119,8 @@ class Model(Base):
         weights_source: Mapped[str | None]
         preprocess: Mapped[str | None]
         load_args: Mapped[str | None]
+        plan_shapes: Mapped[str | None]
+        plan_activations: Mapped[str | None]
         card: Mapped[str | None]
         metrics: Mapped[str | None]
         top1: Mapped[float | None]
