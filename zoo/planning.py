@@ -1,8 +1,12 @@
 """plan: the memory a run needs on each device under DDP, FSDP2 and tensor parallelism, whether it fits a device of
 catalog/hardware.csv, the largest batch that does, and a predicted step time.
 
-Torch-free. Model states come from the registry's tensor table, shard by shard; activations from a few measured
-points (Zoo.plan measures them with zoo.estimate on meta) fitted in batch and sequence length; the device from the
+Torch-free. Model states come from the model's parameter shapes (shape_groups of its tensor table), shard by shard;
+activations from measured points (zoo.estimate on meta) fitted in batch and sequence length; the device from the
+hardware table. zoo index records both for RECORDED_MODES (the plan_shapes and plan_activations columns), so a plan in
+one of them, and `zoo search --fits`, build no module; another mode is measured when planned. What each term counts,
+per device (`batch` is each device's micro-batch):
+
 hardware table. What each term counts, per device (`batch` is each device's micro-batch):
 
 - weights: every parameter once (tied names once), at the master dtype (fp32 under amp-*, else dtype), and every
@@ -15,10 +19,12 @@ hardware table. What each term counts, per device (`batch` is each device's micr
   into a padded buffer per group).
 - optimizer (training): adam/adamw keep exp_avg and exp_avg_sq, sgd a momentum buffer, each like its parameter's
   local (unpadded) shard; adam adds a 4-byte step counter per parameter (torch.optim keeps a 0-d float32).
-- activations: zoo.estimate's activations plus inputs at batch 1 and 2 (and, for token models, at twice the
-  sequence length), fitted as c + batch x (a x seq + q x seq^2): q is what an attention that materializes its
-  scores adds; a fused attention measures q = 0. Under TP they are not divided (an upper bound: the split
-  attention and MLP intermediates are counted whole on every rank).
+- activations: zoo.estimate's activations plus inputs, the larger of two regimes, each c0 + c1 x seq + batch x
+  (a x seq + q x seq^2) through four measured points: at batch 1 and 2 (2 and 4 where BatchNorm refuses one) and at
+  HIGH_BATCH and twice it, each at the row's sequence length and twice it (token models). At a small batch the peak
+  can be a weight's gradient or cast in backward, the same at any batch; at a large one the samples' activations
+  rule it. q is what an attention that materializes its scores adds; a fused attention measures q = 0. Under TP they
+  are not divided (an upper bound: the split attention and MLP intermediates are counted whole on every rank).
 - kv_cache (inference of a model that keeps one): measured per token, times batch x seq_len.
 - other: what the framework adds, each term in OTHER. On a GPU of the hardware table, what no meta run sees: the
   CUDA context and cuDNN's workspaces (CUDA_RESERVE) and the caching allocator's rounding and fragmentation
