@@ -12,8 +12,13 @@ and vitamin's entrypoints build vision_transformer classes: --family-by entrypoi
 correction is the median ratio of each family on --fit (every other family: the median over all of --fit's rows); it is
 applied to the held-out devices' predictions.
 
+The correction zoo.plan uses (zoo.throughput.correction) is fitted here too, per mode over the GPU columns of
+--correct-on pooled, on half of the models (sha256 of the name) and checked on the other half: the script prints the
+held-out error with the mode's median for every model and with the per-family table, and --write stores the table
+(zoo/throughput/step_correction.json).
+
 Run `.venv/bin/python bench/predict_throughput.py [--registry R] [--fit infer_4090_amp] [--family-by class|entrypoint]
-[--json [--pairs]]`.
+[--json [--pairs]] [--write [PATH]]`.
 """
 
 import argparse
@@ -29,9 +34,12 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from zoo.families.timm import BENCHMARKS  # noqa: E402 - after the sys.path insert; torch-free: the benchmark files' names
+from zoo.throughput import correction as step  # noqa: E402 - after the sys.path insert
 from zoo.throughput.roofline import HARDWARE, load_hardware, predict  # noqa: E402 - after the sys.path insert
 
 HELD_OUT = ("infer_5090_amp", "infer_pro6000_amp")
+# The GPU columns the plan's correction pools, per mode (the CPU's batch-1 compiled runs say nothing of a GPU step)
+CORRECT_ON = ("infer_4090_amp", "infer_5090_amp", "infer_pro6000_amp", "train_3090_amp")
 
 
 def quantile(values, q):
@@ -71,6 +79,7 @@ def registry_rows(path, modules=None):
             module = modules.get(name[len("timm/") :], module)
         out[name[len("timm/") :]] = {
             "family": module,
+            "arch": arch,
             "input_size": json.loads(input_size) if input_size else None,
             "flops": flops,
             "bytes": nbytes,
@@ -116,6 +125,20 @@ def by_family(pairs):
     return out
 
 
+def step_correction(rows, pairs, devices, columns, min_models):
+    """zoo.plan's correction table: per mode, the columns of that mode pooled (zoo.throughput.correction.fit)."""
+    modes = {}
+    for column in columns:
+        modes.setdefault(devices[column].mode, []).append(column)
+    out = {}
+    for mode, cols in modes.items():
+        ratios = [
+            (m, step.family_of(rows[m]["arch"]), meas / pred) for c in cols for m, _, _, meas, pred, _ in pairs[c]
+        ]
+        out[mode] = {"columns": cols, **step.fit(ratios, min_models)}
+    return out
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--registry", default=os.environ.get("ZOO_REGISTRY") or str(ROOT / "registry.db"))
@@ -132,6 +155,20 @@ def main(argv=None):
     )
     p.add_argument("--json", action="store_true")
     p.add_argument(
+        "--correct-on",
+        default=",".join(CORRECT_ON),
+        help="the device columns zoo.plan's per-family correction pools, per mode (comma-separated)",
+    )
+    p.add_argument("--min-models", type=int, default=step.MIN_MODELS, help="calibration models a family needs")
+    p.add_argument(
+        "--write",
+        nargs="?",
+        const=str(step.TABLE),
+        default=None,
+        metavar="PATH",
+        help=f"write zoo.plan's correction table (default {step.TABLE.relative_to(ROOT)})",
+    )
+    p.add_argument(
         "--pairs", action="store_true", help="with --json: every compared (model, size, measured, predicted)"
     )
     a = p.parse_args(argv)
@@ -139,7 +176,12 @@ def main(argv=None):
         p.error("--registry: a SQLite file (this script reads it with sqlite3)")
     devices = {c: d for c, d in load_hardware(a.hardware).items() if c in BENCHMARKS}  # measured ones only
     modules = entrypoint_modules() if a.family_by == "entrypoint" else None
-    pairs, skipped = compare(registry_rows(a.registry, modules), devices, a.results)
+    rows = registry_rows(a.registry, modules)
+    pairs, skipped = compare(rows, devices, a.results)
+    correct_on = [c for c in a.correct_on.split(",") if c]
+    if unknown := [c for c in correct_on if c not in devices]:
+        p.error(f"--correct-on: {', '.join(unknown)} not among {', '.join(devices)}")
+    plan_modes = step_correction(rows, pairs, devices, correct_on, a.min_models)
 
     fit = by_family(pairs[a.fit])
     overall = statistics.median(r for rs in fit.values() for r in rs)
@@ -163,6 +205,16 @@ def main(argv=None):
         after = [m / (p_ * correction.get(f, overall)) for _, _, f, m, p_, _ in pairs[column]]
         report["correction"]["held_out"][column] = {"before": summary(before), "after": summary(after)}
 
+    report["step_correction"] = plan_modes
+    if a.write:
+        about = (
+            "zoo.plan's correction of the roofline (zoo.throughput.correction), written by bench/predict_throughput.py"
+            f" --write from catalog/timm-results (timm's published benchmark CSVs: {', '.join(correct_on)}) and the "
+            f"registry's rows; per mode the columns pooled; calibration: models with an even first byte of "
+            f"sha256(name); a family (module of the class) needs {a.min_models} calibration models; band: error "
+            "= max(ratio, 1/ratio) of the corrected prediction on the held-out (odd) models"
+        )
+        Path(a.write).write_text(json.dumps({"about": about, "modes": plan_modes}, indent=1) + "\n")
     if a.pairs:
         report["pairs"] = {c: [[m, size, meas, pred] for m, size, _, meas, pred, _ in v] for c, v in pairs.items()}
     if a.json:
@@ -207,6 +259,28 @@ def main(argv=None):
             f"{column:<22} {b['n']:>5} {b['error_median']:>14.2f} {b['error_p90']:>14.2f} "
             f"{af['error_median']:>13.2f} {af['error_p90']:>13.2f}"
         )
+    print(
+        f"\nzoo.plan's correction, per mode over {', '.join(correct_on)} pooled, fitted on the models with an even "
+        f"sha256(name), families with >= {a.min_models} of them; error of the corrected prediction on the odd half"
+    )
+    print(
+        f"{'mode':<6} {'families':>8} {'median':>7} {'n':>5} {'per-mode p50':>12} {'p90':>5} {'per-family p50':>14} "
+        f"{'p90':>5}   band: with a family (n p50 p90) / mode median (n p50 p90)"
+    )
+    for mode, t in plan_modes.items():
+        pm, pf, bf, bm = (
+            t["held_out"]["per_mode"],
+            t["held_out"]["per_family"],
+            t["band"]["family"],
+            t["band"]["median"],
+        )
+        print(
+            f"{mode:<6} {len(t['families']):>8} {t['median']:>7.3f} {pm['n']:>5} {pm['p50']:>12.2f} {pm['p90']:>5.2f} "
+            f"{pf['p50']:>14.2f} {pf['p90']:>5.2f}   {bf['n']} {bf['p50']:.2f} {bf['p90']:.2f} / {bm['n']} "
+            f"{bm['p50']:.2f} {bm['p90']:.2f}"
+        )
+    if a.write:
+        print(f"wrote {a.write}")
 
 
 if __name__ == "__main__":

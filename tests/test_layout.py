@@ -22,6 +22,7 @@ LAYERS = [
         "zoo.columns",
         "zoo.throughput.roofline",
         "zoo.throughput.measured",
+        "zoo.throughput.correction",
         "zoo.dtypes",
         "zoo.caching",
         "zoo.scoped",

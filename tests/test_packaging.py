@@ -93,6 +93,11 @@ def test_a_wheel_in_a_fresh_venv_finds_its_registry_and_migrations_outside_the_c
         venv / "bin" / "zoo", "search", "name~'resnet18' and pred_infer_4090_amp>1", cwd=elsewhere, env=env
     ).stdout
     assert "torchvision/resnet18" in found and "(predicted)" in found
+    # and a plan's step time the step correction table the wheel ships
+    planned = _run(
+        venv / "bin" / "zoo", "plan", "timm/resnet18", "--hardware", "RTX 4090", cwd=elsewhere, env=env
+    ).stdout
+    assert "(roofline / " in planned and "timm.models.resnet" in planned, planned
 
     new = elsewhere / "new.db"
     upgraded = _run(venv / "bin" / "zoo", "db", "upgrade", "--registry", new, cwd=elsewhere, env=env).stdout

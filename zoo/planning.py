@@ -44,6 +44,7 @@ from typing import Any
 
 from zoo.dtypes import FLOAT_NAMES
 from zoo.errors import AnalysisError, HardwareNotFound, InvalidArgument
+from zoo.throughput.correction import correction
 from zoo.throughput.roofline import HARDWARE, INPUTS, Device, load_hardware, predict
 
 # dtype -> (compute bytes, master bytes, the dtype the forward runs in). amp-*: autocast (or FSDP2's
@@ -75,8 +76,6 @@ OTHER = {
 # sequence that fit 24 GiB, AMP, SGD); held out: 92.8% of 320 models exact, 99.4% within one step (README).
 CUDA_RESERVE = 32 * 2**20  # bytes, whatever the batch
 ALLOCATOR_FRACTION = 0.115  # of the activations (and inputs) measured on meta
-# Measured / predicted throughput of the median model, p50 and p90 errors the band (docs/guides/speed.md)
-MEDIAN_RATIO = {"infer": (0.457, 2.19, 3.28), "train": (0.312, 3.20, 4.54)}
 _UNITS = {"b": 1, "kb": 1e3, "mb": 1e6, "gb": 1e9, "tb": 1e12, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
 
 
@@ -450,7 +449,8 @@ class Plan:
     device's memory. max_batch: the largest per-device batch that fits with everything else as given (0: none
     does). max_context, max_tokens (inference of a model with a KV cache): the longest sequence that fits at this
     batch, and the tokens the KV cache can hold beside the rest. step_seconds: predicted (the roofline over the
-    median model's measured fraction of it, plus communication), None with the reason in notes.
+    measured fraction of it the model's family reaches, plus communication), None with the reason in notes;
+    step_band: the seconds 90% of held-out models measured within, and why (zoo.throughput.correction.Correction).
     """
 
     name: str
@@ -471,6 +471,7 @@ class Plan:
     max_context: int | None = None
     max_tokens: int | None = None
     step_seconds: float | None = None
+    step_band: dict[str, Any] | None = None
     other: dict[str, int] = field(default_factory=dict)
     notes: tuple[str, ...] = ()
 
@@ -491,10 +492,10 @@ def _solve(fixed: int, per: float, capacity: int) -> int:
 
 
 def _step_seconds(row, o: PlanOptions, hw: Hardware, batch: int, seq: int | None, params: int, notes: list):
-    """Compute (roofline / median fraction) alongside FSDP's or DDP's collectives, then TP's all-reduces."""
+    """Compute (roofline / family fraction) alongside FSDP's or DDP's collectives, then TP's; and its band."""
     if hw.device is None:
         notes.append("step_seconds: none for hardware given as bytes or cpu (no peak FLOP/s or bandwidth)")
-        return None
+        return None, None
     numbers: dict[str, Any] = {k: getattr(row, k, None) for k in INPUTS} if row is not None else {}
     analysed_seq = row_seq(row)
     if seq and analysed_seq and all(isinstance(v, (int, float)) for v in numbers.values()):
@@ -503,11 +504,11 @@ def _step_seconds(row, o: PlanOptions, hw: Hardware, batch: int, seq: int | None
     compute_bytes, master_bytes, _ = PRECISIONS[o.dtype or "bf16"]
     try:
         est = predict(numbers, replace(hw.device, mode=mode, element_bytes=compute_bytes), batch)
+        c = correction(mode, getattr(row, "arch", None))
     except InvalidArgument as e:
         notes.append(f"step_seconds: none ({e})")
-        return None
-    ratio, p50, p90 = MEDIAN_RATIO[mode]
-    compute = batch / est.samples_per_s / o.tp / ratio
+        return None, None
+    compute = batch / est.samples_per_s / o.tp / c.ratio
     comm, tp_comm = 0.0, 0.0
     ddp = o.devices // (o.fsdp * o.tp)
     if o.devices > 1 and hw.interconnect is None:
@@ -522,11 +523,8 @@ def _step_seconds(row, o: PlanOptions, hw: Hardware, batch: int, seq: int | None
         if o.tp > 1 and layers and hidden:  # Megatron: 2 all-reduces per layer forward, 2 more backward
             size = batch * (seq or 1) * hidden * compute_bytes
             tp_comm = (4 if o.training else 2) * layers * 2 * (o.tp - 1) / o.tp * size / hw.interconnect
-    notes.append(
-        f"step_seconds: roofline / {ratio} (the median model's measured fraction, {mode}); the median model is "
-        f"within x{p50} of it, 90% within x{p90} (docs/guides/speed.md); communication at the listed interconnect"
-    )
-    return max(compute, comm) + tp_comm
+    notes.append(f"step_seconds: {c.note()}; communication at the listed interconnect")
+    return max(compute, comm) + tp_comm, c.band(compute, comm, tp_comm)
 
 
 def row_seq(row) -> int | None:
@@ -599,7 +597,7 @@ def plan(name: str, shapes: dict, row, options: PlanOptions, activations: Activa
     notes = [f"other: {k} ({OTHER[k]})" for k, v in other.items() if v]
     if o.tp > 1:
         notes.append(f"tp: column-parallel {', '.join(TP_COLWISE)}; row-parallel {', '.join(TP_ROWWISE)}")
-    step = _step_seconds(row, o, hw, batch, seq, param_count(shapes), notes)
+    step, band = _step_seconds(row, o, hw, batch, seq, param_count(shapes), notes)
     return Plan(
         name=name,
         hardware=hw.name,
@@ -619,6 +617,7 @@ def plan(name: str, shapes: dict, row, options: PlanOptions, activations: Activa
         max_context=max_context,
         max_tokens=max_tokens,
         step_seconds=step,
+        step_band=band,
         other=other,
         notes=tuple(notes),
     )

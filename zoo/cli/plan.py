@@ -81,7 +81,10 @@ def cmd_plan(zoo, args) -> int:
     if p.max_context is not None:
         print(f"max_context: {p.max_context} tokens at batch {p.batch}    max_tokens (KV cache): {p.max_tokens}")
     if p.step_seconds is not None:
-        print(f"step: {p.step_seconds * 1e3:.1f} ms predicted")
+        band = p.step_band or {}
+        spread = f", 90% of held-out models {band['low'] * 1e3:.1f}-{band['high'] * 1e3:.1f} ms" if band else ""
+        fraction = f" (roofline / {band['ratio']}, {band.get('family') or 'median model'})" if band else ""
+        print(f"step: {p.step_seconds * 1e3:.1f} ms predicted{spread}{fraction}")
     for note in p.notes:
         print(f"  {note}")
     return 0
