@@ -27,7 +27,16 @@ LAYERS = [
         "zoo.caching",
         "zoo.scoped",
     ],
-    ["zoo.query", "zoo.recipe", "zoo.state", "zoo.inspection", "zoo.structure", "zoo.model_info", "zoo.planning"],
+    [
+        "zoo.query",
+        "zoo.recipe",
+        "zoo.state",
+        "zoo.inspection",
+        "zoo.structure",
+        "zoo.model_info",
+        "zoo.planning",
+        "zoo.fitting",  # search by fit: the plans of recorded rows
+    ],
     ["zoo.meta", "zoo.offline", "zoo.weights", "zoo.construction", "zoo.load_options"],
     ["zoo.families"],  # timm_loader among them: the timm family records its loader arguments at index time
     ["zoo.build", "zoo.model_cache", "zoo.preprocess"],

@@ -60,7 +60,7 @@ def test_a_fits_spec_is_the_plans_own_keywords():
         ("H100 train lr=1e-4", InvalidArgument, "unknown key 'lr'"),
         ("H100 train batch=8 fast", InvalidArgument, "'fast' after the run's options"),
         ("H100 train checkpointing", InvalidArgument, "without checkpointing"),
-        ("H100 train optimizer=sgd", InvalidArgument, "zoo plan NAME"),
+        ("H100 train dtype=fp32", InvalidArgument, "zoo plan NAME"),
         ("H100 dtype=fp32", InvalidArgument, "inference at bf16 or fp16"),
         ("H100 train fsdp=3 devices=8", InvalidArgument, "multiple of fsdp x tp"),
         ("H1000 train", HardwareNotFound, "H100"),
@@ -73,9 +73,9 @@ def test_a_spec_search_cannot_answer_is_a_typed_error(spec, error, match):
 
 def test_the_recorded_modes_are_the_modes_of_their_options():
     assert {mode_of(PlanOptions(hardware=1, **o)) for o in RECORDED_MODES.values()} == set(RECORDED_MODES)
-    # what else shares a recorded mode: fp16 with bf16, adam with adamw, amp-* with bf16 under FSDP2
-    assert mode_of(PlanOptions(hardware=1, training=True, dtype="amp-fp16", optimizer="adam")) == "train-amp-adam"
-    assert mode_of(PlanOptions(hardware=1, training=True, fsdp=2, devices=2)) == "train-16-adam"
+    # what else shares a recorded mode: fp16 with bf16, any optimizer, amp-* with bf16 under FSDP2
+    assert mode_of(PlanOptions(hardware=1, training=True, dtype="amp-fp16", optimizer="sgd")) == "train-amp"
+    assert mode_of(PlanOptions(hardware=1, training=True, fsdp=2, devices=2)) == "train-16"
 
 
 # --- what zoo index records ----------------------------------------------------------------------------------
@@ -116,14 +116,14 @@ def test_the_recorded_fit_is_what_estimate_measures_in_both_regimes(registry, op
     seq 16 the embedding's gradient rules the training peak at a small batch and the samples at a large one: a fit
     of batch 1 and 2 alone would be wrong by orders of magnitude at 256."""
     o = PlanOptions(hardware="H100", **options).checked()
-    kw = dict(dtype="bf16", training=o.training) | (dict(amp=True) if o.training and o.fsdp == 1 else {})
+    kw = dict(dtype="bf16", training=o.training) | (dict(amp=o.fsdp == 1, optimizer="none") if o.training else {})
     for batch, seq in sizes:
-        p = registry.plan(WIDE, batch=batch, seq_len=seq, **options)
+        p = registry.plan(WIDE, hardware="H100", batch=batch, seq_len=seq, **options)
         e = registry.estimate(WIDE, batch=batch, seq_len=seq, **kw)
         assert p.per_device["activations"] == pytest.approx(e.activations + e.inputs, rel=0.01), (batch, seq)
     if o.training:
         one, two, big = (registry.estimate(WIDE, batch=b, seq_len=16, **kw) for b in (1, 2, 256))
-        assert (two.activations - one.activations) * 20 < (big.activations - two.activations) / 254  # two regimes
+        assert (two.activations - one.activations) * 5 < (big.activations - two.activations) / 254  # two regimes
 
 
 # --- search by fit --------------------------------------------------------------------------------------------

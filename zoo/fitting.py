@@ -60,9 +60,9 @@ def fits_options(spec) -> PlanOptions:
     o = PlanOptions(hardware=" ".join(hardware), **options).checked()
     if mode_of(o) not in RECORDED_MODES:
         raise InvalidArgument(
-            "fits answers from what zoo index records for every model: inference at bf16 or fp16, and training with "
-            "adamw or adam at amp-bf16, amp-fp16, bf16 or fp16, without checkpointing; for another run, plan one model "
-            "with zoo plan NAME (it measures on meta)",
+            "fits answers from what zoo index records for every model: inference at bf16 or fp16, and training at "
+            "amp-bf16, amp-fp16, bf16 or fp16 without checkpointing; for another run, plan one model with zoo plan "
+            "NAME (it measures on meta)",
             "fits",
         )
     return o
