@@ -381,7 +381,7 @@ def _step_seconds(row, o: PlanOptions, hw: Hardware, batch: int, seq: int | None
     mode = "train" if o.training else "infer"
     compute_bytes, master_bytes, _ = PRECISIONS[o.dtype or "bf16"]
     try:
-        est = predict(numbers, replace(hw.device, mode=mode, element_bytes=compute_bytes), batch)
+        est = predict(numbers, hw.device.replace(mode=mode, element_bytes=compute_bytes), batch)
     except InvalidArgument as e:
         notes.append(f"step_seconds: none ({e})")
         return None
