@@ -3,7 +3,9 @@
 A small search of the shipped registry is a few milliseconds of SQL; as a process it was 150-230 ms, 5-8x a bare
 interpreter, nearly all of it imports a search never runs. Both commands run as fresh subprocesses, alternating
 (bare, zoo, bare, zoo, ...; who goes first alternates per round), once untimed each to warm the page cache and the
-.pyc files, then --repeats timed rounds (default 7): the median of each, and the ratio zoo/bare.
+.pyc files, then --repeats timed rounds (default 7): the median of each, and the ratio zoo/bare. The runs leave out
+PYTHONDONTWRITEBYTECODE, if set here: with it no .pyc is written, and every run compiled zoo's modules from source
+(about 25 ms), which an installed zoo (pip writes the .pyc files) never does.
 
 zoo runs as `python -m zoo.cli --registry R search EXPR` from the repository root, so it is this checkout's zoo
 (an installed console script may import another copy). Target: zoo/bare <= 2.5x.
@@ -43,7 +45,8 @@ def main() -> int:
     ap.add_argument("--json", action="store_true", help="print the numbers as JSON")
     args = ap.parse_args()
 
-    env = {k: v for k, v in os.environ.items() if k != "ZOO_REGISTRY"}  # --registry says it all
+    # --registry says it all; .pyc files as an installed zoo has them (see above)
+    env = {k: v for k, v in os.environ.items() if k not in ("ZOO_REGISTRY", "PYTHONDONTWRITEBYTECODE")}
     commands = {
         "bare (python -c pass)": [sys.executable, "-c", "pass"],
         "zoo search (python -m zoo.cli)": [sys.executable, "-m", "zoo.cli", "--registry", args.registry, "search"]

@@ -17,6 +17,7 @@ PACKAGE = Path(zoo.__file__).resolve().parent
 # imports (annotations) are not imports at run time and are skipped.
 LAYERS = [
     [
+        "zoo.records",  # frozen records for the modules a search imports; imports nothing
         "zoo.errors",
         "zoo.constants",
         "zoo.columns",

@@ -7,8 +7,6 @@ zoo.connect(url) gives a Zoo with the same methods on any other.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
-
 from zoo.api import Zoo, connect
 from zoo.errors import (
     AmbiguousName,
@@ -43,7 +41,10 @@ from zoo.errors import (
 )
 from zoo.query import FIELDS, F
 
+TYPE_CHECKING = False  # typing's, without importing typing: 2 ms of every `import zoo`
 if TYPE_CHECKING:
+    from typing import Any
+
     from torch import nn
 
     from zoo.analysis import Estimate, Scan

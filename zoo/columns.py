@@ -8,25 +8,57 @@ import json
 import math
 import numbers
 import re
-from dataclasses import dataclass
-from datetime import datetime
+
+from zoo.records import Record
 
 
-@dataclass(frozen=True)
-class Column:
+class Column(Record):
+    __slots__ = (
+        "name",
+        "kind",
+        "doc",
+        "size",
+        "wide",
+        "nullable",
+        "indexed",
+        "unique",
+        "searchable",
+        "unit",
+        "public",
+        "analysis",
+        "default",
+    )
     name: str
     kind: str  # "text", "int", "float", "json" (JSON text), "shape" (JSON list, read as a tuple), "datetime"
     doc: str
-    size: int | None = None  # text and JSON: a VARCHAR of this many characters; None: unbounded TEXT
-    wide: bool = True  # int: 64-bit
-    nullable: bool = True
-    indexed: bool = False
-    unique: bool = False
-    searchable: bool = False
-    unit: str | None = None  # of a number: "elements", "bytes", "FLOPs", ...
-    public: bool = True  # an attribute of ModelInfo
-    analysis: bool = False  # filled by the index-time analysis (zoo.analysis), not by the build
-    default: str | None = None  # what an insert that leaves it out stores
+    size: int | None  # text and JSON: a VARCHAR of this many characters; None: unbounded TEXT
+    wide: bool  # int: 64-bit
+    nullable: bool
+    indexed: bool
+    unique: bool
+    searchable: bool
+    unit: str | None  # of a number: "elements", "bytes", "FLOPs", ...
+    public: bool  # an attribute of ModelInfo
+    analysis: bool  # filled by the index-time analysis (zoo.analysis), not by the build
+    default: str | None  # what an insert that leaves it out stores
+
+    def __init__(
+        self,
+        name: str,
+        kind: str,
+        doc: str,
+        size: int | None = None,
+        wide: bool = True,
+        nullable: bool = True,
+        indexed: bool = False,
+        unique: bool = False,
+        searchable: bool = False,
+        unit: str | None = None,
+        public: bool = True,
+        analysis: bool = False,
+        default: str | None = None,
+    ):
+        self._init(name, kind, doc, size, wide, nullable, indexed, unique, searchable, unit, public, analysis, default)
 
     @property
     def search_type(self) -> str:
@@ -34,6 +66,8 @@ class Column:
         return "number" if self.kind in ("int", "float") else "string"
 
     def python_type(self):
+        from datetime import datetime  # here, not at the top: every search imports zoo.columns
+
         base = {"text": str, "int": int, "float": float, "json": object, "shape": tuple, "datetime": datetime}[
             self.kind
         ]

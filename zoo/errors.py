@@ -1,6 +1,5 @@
 """Every exception zoo raises, each subclassing the matching built-in, and how a cause is told in one line."""
 
-import traceback
 from collections.abc import Iterable
 
 
@@ -201,6 +200,8 @@ class WorkerFailed(ZooError, RuntimeError):
 def reason(e: BaseException) -> str:
     """One line for a recorded failure: the exception, its message's first sentence, and the model
     code it came from (the innermost frame in site-packages outside torch and zoo)."""
+    import traceback  # here: every search imports zoo.errors, and traceback brings linecache and tokenize
+
     message = " ".join(str(e).split())
     first = message.find(". ")  # the first sentence says what failed; the rest is advice on torch settings
     if first >= 40:

@@ -16,15 +16,17 @@ the models without a task.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
-from decimal import Decimal, localcontext
-from typing import NamedTuple, NoReturn
 
 from zoo.columns import BY_NAME, PUBLIC
 from zoo.columns import SEARCH_FIELDS as FIELDS
 from zoo.errors import InvalidArgument, InvalidComparison, SearchSyntaxError
+from zoo.records import Record
 from zoo.throughput.measured import MEASURED
 from zoo.throughput.roofline import PREDICTED
+
+TYPE_CHECKING = False  # typing's, without importing typing: 2 ms of every `zoo search` process
+if TYPE_CHECKING:
+    from typing import NoReturn
 
 MAX_LENGTH = 10_000  # characters in a search
 # Nested parentheses and `not`s. SQLite before 3.46 has a fixed parser stack (100 entries) that
@@ -80,26 +82,38 @@ class Expr:
         return _render(self)
 
 
-@dataclass(frozen=True)
-class Compare(Expr):
+class Compare(Expr, Record):
+    __slots__ = ("field", "op", "value")
     field: str
     op: str  # one of OPS
     value: int | float | str
 
+    def __init__(self, field: str, op: str, value: int | float | str):
+        self._init(field, op, value)
 
-@dataclass(frozen=True)
-class And(Expr):
+
+class And(Expr, Record):
+    __slots__ = ("items",)
     items: tuple[Expr, ...]
 
+    def __init__(self, items: tuple[Expr, ...]):
+        self._init(items)
 
-@dataclass(frozen=True)
-class Or(Expr):
+
+class Or(Expr, Record):
+    __slots__ = ("items",)
     items: tuple[Expr, ...]
 
+    def __init__(self, items: tuple[Expr, ...]):
+        self._init(items)
 
-@dataclass(frozen=True)
-class Not(Expr):
+
+class Not(Expr, Record):
+    __slots__ = ("item",)
     item: Expr
+
+    def __init__(self, item: Expr):
+        self._init(item)
 
 
 def _join(cls, *items: Expr) -> Expr:
@@ -132,6 +146,8 @@ def _render(e: Expr) -> str:
 
 def _number(value: object, field: str) -> int | float:
     """A number from Python or from search text ("7B", "1.5GiB", "1_000"); whole numbers become int."""
+    from decimal import Decimal, localcontext  # here: a search that compares no number does without it
+
     if isinstance(value, str):
         m = _NUMBER.fullmatch(value)
         if not m:
@@ -217,10 +233,13 @@ class _Fields:
 F = _Fields()
 
 
-class _Token(NamedTuple):
-    kind: str  # "word", "string", "op", "(", ")" or "end"
-    text: str  # as written; a string's content without quotes and escapes
-    col: int  # 1-based
+class _Token:
+    __slots__ = ("kind", "text", "col")
+
+    def __init__(self, kind: str, text: str, col: int):
+        self.kind = kind  # "word", "string", "op", "(", ")" or "end"
+        self.text = text  # as written; a string's content without quotes and escapes
+        self.col = col  # 1-based
 
 
 def _describe(tok: _Token) -> str:

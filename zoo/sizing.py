@@ -4,7 +4,7 @@ zoo.api.Zoo, kept apart so that each module stays one job."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+TYPE_CHECKING = False  # typing's, without importing typing: 2 ms of every `zoo search` process
 
 if TYPE_CHECKING:
     from torch import nn

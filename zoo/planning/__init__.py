@@ -38,7 +38,7 @@ hardware table. What each term counts, per device (`batch` is each device's micr
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from zoo.errors import InvalidArgument
@@ -172,7 +172,7 @@ def _step_seconds(row, o: PlanOptions, hw: Hardware, batch: int, seq: int | None
     mode = "train" if o.training else "infer"
     compute_bytes, master_bytes, _ = PRECISIONS[o.dtype or "bf16"]
     try:
-        est = predict(numbers, replace(hw.device, mode=mode, element_bytes=compute_bytes), batch)
+        est = predict(numbers, hw.device.replace(mode=mode, element_bytes=compute_bytes), batch)
         c = correction(mode, getattr(row, "arch", None))
     except InvalidArgument as e:
         notes.append(f"step_seconds: none ({e})")

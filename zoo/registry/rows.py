@@ -4,9 +4,9 @@ zoo.info import nothing of the load layer."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from zoo.columns import check_name
+
+TYPE_CHECKING = False  # typing's, without importing typing: 2 ms of every `zoo search` process
 
 if TYPE_CHECKING:
     from zoo.model_info import ModelInfo

@@ -11,13 +11,16 @@ pre-filter (SQLite: the FTS5 trigram table of migration 0005; PostgreSQL: an ILI
 from __future__ import annotations
 
 import functools
-from typing import Literal, overload
 
 from zoo.columns import BY_NAME
 from zoo.errors import SearchSyntaxError
 from zoo.query import MAX_COMPARISONS, MAX_DEPTH, And, Compare, Expr, Not, Or, check, parse, parse_sort
 from zoo.throughput.measured import MEASURED
 from zoo.throughput.roofline import PREDICTED, coefficients
+
+TYPE_CHECKING = False  # typing's, without importing typing: 2 ms of every `zoo search` process
+if TYPE_CHECKING:
+    from typing import Literal, overload
 
 DIALECTS = ("sqlite", "postgresql")
 _OPS = ("<", "<=", ">", ">=", "=", "!=")
@@ -154,12 +157,18 @@ def _compile(e: Expr, negate: bool, depth: int, seen: list[int], dialect: str, b
     return f"NOT ({cond})" if negate else cond
 
 
-@overload
-def compile_where(
-    expr: str | Expr, dialect: str = ..., prefilter=..., named: Literal[False] = ...
-) -> tuple[str, list]: ...
-@overload
-def compile_where(expr: str | Expr, dialect: str = ..., prefilter=..., *, named: Literal[True]) -> tuple[str, dict]: ...
+if TYPE_CHECKING:
+
+    @overload
+    def compile_where(
+        expr: str | Expr, dialect: str = ..., prefilter=..., named: Literal[False] = ...
+    ) -> tuple[str, list]: ...
+    @overload
+    def compile_where(
+        expr: str | Expr, dialect: str = ..., prefilter=..., *, named: Literal[True]
+    ) -> tuple[str, dict]: ...
+
+
 def compile_where(
     expr: str | Expr, dialect: str = "sqlite", prefilter=lambda pattern: True, named: bool = False
 ) -> tuple[str, dict | list]:

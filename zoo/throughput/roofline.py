@@ -32,11 +32,11 @@ of the roofline a model reaches (bench/predict_throughput.py reports it per devi
 import csv
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path
 
 from zoo.columns import THROUGHPUT
 from zoo.errors import InvalidArgument
+from zoo.records import Record
 
 # catalog/hardware.csv, linked into the package so that an installed zoo searches the predicted fields too
 HARDWARE = Path(__file__).resolve().parent.parent / "hardware.csv"
@@ -59,8 +59,8 @@ PREFIX = "pred_"  # a predicted field is named after the measured column it pred
 UNIT = "samples/s"
 
 
-@dataclass(frozen=True)
-class Device:
+class Device(Record):
+    __slots__ = ("column", "device", "mode", "precision", "element_bytes", "batch", "peak_flops", "bandwidth", "source")
     column: str  # zoo's measured-throughput column for this device and mode, e.g. infer_4090_amp
     device: str
     mode: str  # infer or train
@@ -71,13 +71,30 @@ class Device:
     bandwidth: float  # bytes/s
     source: str
 
+    def __init__(
+        self,
+        column: str,
+        device: str,
+        mode: str,
+        precision: str,
+        element_bytes: int,
+        batch: int,
+        peak_flops: float,
+        bandwidth: float,
+        source: str,
+    ):
+        self._init(column, device, mode, precision, element_bytes, batch, peak_flops, bandwidth, source)
 
-@dataclass(frozen=True)
-class Estimate:
+
+class Estimate(Record):
+    __slots__ = ("samples_per_s", "compute_s", "memory_s", "bytes_per_sample")
     samples_per_s: float
     compute_s: float  # seconds per sample at the peak FLOP/s
     memory_s: float  # seconds per sample at the peak bandwidth
     bytes_per_sample: float
+
+    def __init__(self, samples_per_s: float, compute_s: float, memory_s: float, bytes_per_sample: float):
+        self._init(samples_per_s, compute_s, memory_s, bytes_per_sample)
 
     @property
     def bound(self) -> str:
