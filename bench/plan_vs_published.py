@@ -41,8 +41,9 @@ grid for the most exact agreements on the calibration half (ties: most within on
 held-out half is reported with them. The constants shipped in zoo/planning.py are printed beside the fitted ones, and
 the tables are computed by zoo.planning.plan itself with the shipped constants.
 
-Each model's meta measurements (activations + inputs at batch 1 and 2) are cached in .bench-cache/ (a JSON file), so a
-rerun takes seconds; a first run of all models builds and measures each on meta (about 1-3 s a model).
+Each model's meta measurements (the two regimes planning.fit_activations fits, as zoo.plan does) are cached in
+.bench-cache/ (a JSON file), so a rerun takes seconds; a first run builds and measures each model on meta (1-3 s
+a model).
 
 Run `.venv/bin/python bench/plan_vs_published.py [--limit N] [--registry R] [--cache PATH] [--json]`.
 """
@@ -65,7 +66,8 @@ from zoo import planning  # noqa: E402 - after the checkout is put on the path
 
 TABLE = ROOT / "catalog" / "timm-results" / "benchmark-train-amp-nchw-pt112-cu113-rtx3090.csv"
 HARDWARE = "RTX 3090"
-VERSION = "amp-fp16 sgd train, TIMM_FUSED_ATTN=0, MetaAutocast v1"  # what a cached measurement was measured with
+# what a cached measurement was measured with
+VERSION = "amp-fp16 train without optimizer, TIMM_FUSED_ATTN=0, MetaAutocast v1, two regimes"
 MIN_FAMILY = 8  # smaller families are pooled as "(other)"
 
 
@@ -112,25 +114,20 @@ def options(size: int, batch: int) -> planning.PlanOptions:
 
 
 def measured(z, name: str, o, cache: dict) -> dict:
-    """{"points": {batch: activations + inputs}} of one model at the run's size, from the cache or measured now."""
+    """{"fit": Activations.as_json()} of one model at the run's size (planning.fit_activations on meta, as zoo.plan
+    measures it), from the cache or measured now."""
     key = f"{name}@{o.input_size[1]}"
     old = cache.get(key, {})
-    if old.get("version") == VERSION and ("error" not in old or "retried" in old):
+    if old.get("version") == VERSION:
         return cache[key]
     start = time.perf_counter()
-    entry: dict = {"retried": False}
+    entry: dict = {}
     try:
         module = z.get(name)
-        measure = planning.measurer(lambda **kw: z.estimate(module, **kw), o)
-        try:
-            entry["points"] = {str(b): measure(b, None)[0] for b in (1, 2)}
-        except Exception as e:  # BatchNorm of one value a channel at batch 1 (LeViT's head): 2 and 4 instead
-            if "more than 1 value per channel" not in str(e):
-                raise
-            two, four = measure(2, None)[0], measure(4, None)[0]
-            entry = {"retried": True, "points": {"1": (3 * two - four) // 2, "2": two}}
+        fit = planning.fit_activations(planning.measurer(lambda **kw: z.estimate(module, **kw), o), None)
+        entry["fit"] = fit.as_json()
     except Exception as e:  # noqa: BLE001 - a model that fails on meta is counted, not fatal
-        entry = {"retried": False, "error": f"{type(e).__name__}: {str(e)[:200]}"}
+        entry = {"error": f"{type(e).__name__}: {str(e)[:200]}"}
     entry |= {"version": VERSION, "seconds": round(time.perf_counter() - start, 2)}
     cache[key] = entry
     return entry
@@ -159,9 +156,9 @@ def collect(z, limit: int | None, cache_path: Path) -> tuple[list[dict], dict]:
             skipped["fails on meta"] += 1
             continue
         info = z.info(name, tensors=True)
-        states = planning.model_states(info.tensor_table, o)
-        base = sum(states.values()) + sum(planning.other_bytes(info.tensor_table, o, states).values())
-        one, two = entry["points"]["1"], entry["points"]["2"]
+        shapes = info.plan_shapes or planning.shape_groups(info.tensor_table)
+        states = planning.model_states(shapes, o)
+        base = sum(states.values()) + sum(planning.other_bytes(shapes, o, states).values())
         rows.append(
             {
                 "model": r["model"],
@@ -170,9 +167,8 @@ def collect(z, limit: int | None, cache_path: Path) -> tuple[list[dict], dict]:
                 "published": batch,
                 "held_out": held_out(r["model"]),
                 "fixed": base,  # model states and the layout's other terms, without the calibrated two
-                "c": 2 * one - two,
-                "a": two - one,
-                "table": info.tensor_table,
+                "act": planning.Activations.from_json(entry["fit"]),
+                "shapes": shapes,
                 "row": info,
                 "options": o,
             }
@@ -183,10 +179,15 @@ def collect(z, limit: int | None, cache_path: Path) -> tuple[list[dict], dict]:
 
 
 def predicted(row: dict, reserve: float, fraction: float, capacity: int) -> int:
-    """max_batch by zoo.planning's formula with these two constants (the calibration's fast path)."""
-    fixed = row["fixed"] + reserve + math.ceil(row["c"] * (1 + fraction))
-    per = row["a"] * (1 + fraction)
-    return planning._solve(int(fixed), per, capacity)
+    """max_batch by zoo.planning.plan's formula with these two constants (the calibration's fast path): the smaller
+    of the two regimes' largest batches."""
+    act, scale = row["act"], 1 + fraction
+    return min(
+        planning._solve(
+            int(row["fixed"] + reserve + math.ceil(r.at(0, None) * scale)), r.per_sample(None) * scale, capacity
+        )
+        for r in (act.low, act.high)
+    )
 
 
 def score(rows: list[dict], batches: list[int]) -> dict:
@@ -262,7 +263,7 @@ def main(argv=None) -> dict:
     shipped = (planning.CUDA_RESERVE, planning.ALLOCATOR_FRACTION)
 
     def plans(part: list[dict]) -> list[int]:
-        return [planning.plan(r["row"].name, r["table"], r["row"], r["options"], _points(r)).max_batch for r in part]
+        return [planning.plan(r["row"].name, r["shapes"], r["row"], r["options"], r["act"]).max_batch for r in part]
 
     misses = [
         {k: r[k] for k in ("model", "family", "size", "published", "held_out")} | {"predicted": step_of(b)}
@@ -310,11 +311,6 @@ def main(argv=None) -> dict:
         f"(target 95%), n={h['n']}; {report['seconds']} s"
     )
     return report
-
-
-def _points(r: dict):
-    one, two = r["c"] + r["a"], r["c"] + 2 * r["a"]
-    return lambda batch, seq: ({1: one, 2: two}[batch], 0)
 
 
 if __name__ == "__main__":

@@ -121,14 +121,14 @@ def test_the_recorded_fit_is_what_estimate_measures_in_both_regimes(registry, op
         p = registry.plan(WIDE, hardware="H100", batch=batch, seq_len=seq, **options)
         e = registry.estimate(WIDE, batch=batch, seq_len=seq, **kw)
         assert p.per_device["activations"] == pytest.approx(e.activations + e.inputs, rel=0.01), (batch, seq)
-    if o.training:
+    if o.training and o.fsdp == 1:  # under autocast the weights' casts add to the batch-independent part
         one, two, big = (registry.estimate(WIDE, batch=b, seq_len=16, **kw) for b in (1, 2, 256))
         assert (two.activations - one.activations) * 5 < (big.activations - two.activations) / 254  # two regimes
 
 
 # --- search by fit --------------------------------------------------------------------------------------------
 
-SPECS = ["RTX 4090 train batch=96", "L4 infer batch=4096", "H100 train seq=300 batch=600 fsdp=2 devices=2"]
+SPECS = ["RTX 4090 train batch=1500", "L4 infer batch=10000", "H100 train seq=300 batch=3000 fsdp=2 devices=2"]
 
 
 @pytest.mark.parametrize("spec", SPECS)
@@ -179,7 +179,7 @@ def test_a_row_without_a_recorded_plan_is_named_and_still_planned(registry, tmp_
 
 
 def test_zoo_search_fits_prints_max_batch_as_a_column_and_in_json(registry):
-    spec = "RTX 4090 train batch=96"
+    spec = "RTX 4090 train batch=1500"
     want = {r["name"]: r["max_batch"] for r in registry.search(None, fields=["name", "max_batch"], fits=spec)}
     text = run_cli("search", "--fits", spec, registry=registry.url).stdout
     header, *lines = text.strip().splitlines()

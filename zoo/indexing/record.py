@@ -19,11 +19,12 @@ from zoo.planning import shape_groups
 from zoo.recipe import Recipe
 
 # Bump when what a build records changes: every model is then rebuilt on the next index.
-RECORD_VERSION = 4  # 2: analysis columns (flops, macs, activation bytes, output shapes, scan status); 3: inputs,
-# flops_per_token, LLM fields, hf input specs; 4: plan_shapes, plan_activations
+RECORD_VERSION = 3  # 2: analysis columns (flops, macs, activation bytes, output shapes, scan status); 3: inputs,
+# flops_per_token, LLM fields, hf input specs
 # Bump when a row gains columns that need no new analysis: every row is rebuilt, its analysis reused (RECORD_VERSION
-# is part of the structure digest, which keys analyses; this is not). 1: load_args.
-ROW_VERSION = 1
+# is part of the structure digest, which keys analyses; this is not). 1: load_args; 2: plan_shapes, and
+# plan_activations, measured alone where a reused analysis lacks them (_analysis_at).
+ROW_VERSION = 2
 
 
 def source_hash(recipe: Recipe, versions: dict, variant: dict | None = None) -> str:
@@ -183,6 +184,8 @@ def _analysis_at(built: _Built, spec, versions: str, known: dict | None) -> tupl
     digest = structure_digest(built.module, (spec, versions, RECORD_VERSION))
     reused = known is not None and digest in known
     analysis = dict(known[digest]) if known is not None and reused else _analyze(built.module, spec)
+    if analysis.get("scan_status") == "ok" and analysis.get("plan_activations") is None:  # recorded before them
+        analysis["plan_activations"] = BY_NAME["plan_activations"].encode(_plan_fits(built.module, spec))
     if analysis.get("scan_status") == "ok":  # a timeout or an error is not passed on
         built.analysed[at] = digest, analysis
         if known is not None and digest is not None:
@@ -242,6 +245,15 @@ def _variant_columns(variant: dict | None) -> dict:
     if not variant:
         return {}
     return {k: BY_NAME[k].encode(v) for k, v in variant.items() if k not in _VARIANT_KEYS}
+
+
+def _plan_fits(module, spec) -> dict:
+    """The plan_activations of an analysis recorded before zoo recorded them (zoo.analysis.plan_record)."""
+    from zoo.analysis.plan_record import plan_activations
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return plan_activations(module, spec)
 
 
 def _analyze(module, spec) -> dict:
