@@ -19,12 +19,13 @@ hardware table. What each term counts, per device (`batch` is each device's micr
   into a padded buffer per group).
 - optimizer (training): adam/adamw keep exp_avg and exp_avg_sq, sgd a momentum buffer, each like its parameter's
   local (unpadded) shard; adam adds a 4-byte step counter per parameter (torch.optim keeps a 0-d float32).
-- activations: zoo.estimate's activations plus inputs, the larger of two regimes, each c0 + c1 x seq + batch x
-  (a x seq + q x seq^2) through four measured points (zoo.planning.activations.fit_points): at batch 1 and 2 (2 and
-  4 where BatchNorm refuses one) on a sixteenth of the row's sequence and twice it, where few tokens let what is
-  batch-independent rule the peak (a weight's gradient or cast in backward); and at HIGH_BATCH and twice it on the
-  row's sequence and twice it, where the samples' activations rule it. q is what an attention that materializes
-  its scores adds; a fused attention measures q = 0. Under TP they are not divided (an upper bound: the split
+- activations: zoo.estimate's activations plus inputs, fitted from measured points (zoo.planning.activations): for a
+  token model the larger of two regimes, each c0 + c1 x seq + batch x (a x seq + q x seq^2) through four points, at
+  batch 1 and 2 (2 and 4 where BatchNorm refuses one) on a sixteenth of the row's sequence and twice it, where few
+  tokens let what is batch-independent rule the peak (a weight's gradient or cast in backward), and at HIGH_BATCH
+  and twice it on the row's sequence and twice it, where the samples' activations rule it; for another model the
+  line through batch 1 and twice HIGH_BATCH. q is what an attention that materializes its scores adds; a fused
+  attention measures q = 0. Under TP they are not divided (an upper bound: the split
   attention and MLP intermediates are counted whole on every rank). The step is measured without its optimizer:
   the optimizer's states are counted exactly above; the temporaries of its step are not (torch.optim's
   single-tensor Adam holds about two of the largest parameter at once, after backward has freed the activations;

@@ -11,10 +11,11 @@ from typing import Any
 from zoo.errors import AnalysisError
 from zoo.planning.options import PRECISIONS, PlanOptions, autocast
 
-# Where activations are measured (zoo.estimate on meta; a size costs nothing there). A low regime at batch 1 and 2 and,
-# for token models, a sixteenth of the row's sequence and twice that: few tokens, where what is batch-independent rules
-# the peak (a weight's gradient or cast in backward, the optimizer step). A high regime at HIGH_BATCH and twice it, at
-# the row's sequence and twice it: many tokens, where the samples' activations rule it.
+# Where activations are measured (zoo.estimate on meta; a size costs nothing there). For a token model, a low regime at
+# batch 1 and 2 on a sixteenth of the row's sequence and twice that: few tokens, where what is batch-independent rules
+# the peak (a weight's gradient or cast in backward); and a high regime at HIGH_BATCH and twice it on the row's
+# sequence and twice it: many tokens, where the samples' activations rule it. Another model (an image's activations
+# rule its peak from batch 1) is the line through batch 1 and twice HIGH_BATCH.
 HIGH_BATCH = 64
 LOW_SEQ_DIVISOR = 16
 
@@ -62,26 +63,22 @@ class Activations:
 
 
 def fit_points(seq: int | None, low_batch: int = 1) -> list[tuple[int, int | None]]:
-    """The (batch, seq) points fit_activations measures: two regimes, each at a batch and its double (and, with a
-    sequence, at a length and twice it)."""
-    low_seq = _low_seq(seq)
+    """The (batch, seq) points fit_activations measures: for a token model two regimes, each at a batch and its double
+    and at a length and twice it; for another, its smallest batch and twice HIGH_BATCH (one regime through both)."""
+    if not seq:
+        return [(low_batch, None), (2 * HIGH_BATCH, None)]
+    low_seq = max(1, seq // LOW_SEQ_DIVISOR)
     return [
         (b, s)
         for batch, at in ((low_batch, low_seq), (HIGH_BATCH, seq))
-        for s in ([at, 2 * at] if at else [None])
+        for s in (at, 2 * at)
         for b in (batch, 2 * batch)
     ]
 
 
-def _low_seq(seq: int | None) -> int | None:
-    return max(1, seq // LOW_SEQ_DIVISOR) if seq else None
-
-
-def _regime(f: dict, b: int, s: int | None) -> Regime:
-    """The regime through f's four points at (b, s), (2b, s), (b, 2s), (2b, 2s) (two at (b, -), (2b, -))."""
+def _regime(f: dict, b: int, s: int) -> Regime:
+    """The regime through f's four points at (b, s), (2b, s), (b, 2s), (2b, 2s)."""
     per = (f[2 * b, s] - f[b, s]) / b
-    if s is None:
-        return Regime(f[b, s] - b * per, 0.0, per, 0.0)
     longer = (f[2 * b, 2 * s] - f[b, 2 * s]) / b  # a x 2s + q x 4s^2, with per = a x s + q x s^2
     q = (longer - 2 * per) / (2 * s * s)
     c, c_longer = f[b, s] - b * per, f[b, 2 * s] - b * longer
@@ -93,7 +90,7 @@ def fit_activations(measure: Callable[[int, int | None], tuple[int, int]], seq: 
     """Fit from measure(batch, seq) -> (activations + inputs, kv_cache) at fit_points: exact at each of them, and
     wherever the model's peak is one of the two regimes. The low regime is at batch 2 and 4 where BatchNorm refuses a
     batch of one."""
-    low_seq = _low_seq(seq)
+    low_seq = max(1, seq // LOW_SEQ_DIVISOR) if seq else None
     try:
         low, first = 1, measure(1, low_seq)
     except AnalysisError:  # measured at 2 and 4 instead; fails as batch 1 did where that was not the reason
@@ -101,8 +98,12 @@ def fit_activations(measure: Callable[[int, int | None], tuple[int, int]], seq: 
     f = {(low, low_seq): first[0]}
     for b, s in fit_points(seq, low)[1:]:
         f[b, s] = measure(b, s)[0]
-    kv_per_token = first[1] / (low * low_seq) if low_seq else 0.0
-    return Activations(_regime(f, low, low_seq), _regime(f, HIGH_BATCH, seq), kv_per_token)
+    if not seq:  # the line through the smallest and the largest batch: exact at both, within a regime's change between
+        per = (f[2 * HIGH_BATCH, None] - f[low, None]) / (2 * HIGH_BATCH - low)
+        line = Regime(f[low, None] - low * per, 0.0, per, 0.0)
+        return Activations(line, line, 0.0)
+    assert low_seq is not None  # a token model's
+    return Activations(_regime(f, low, low_seq), _regime(f, HIGH_BATCH, seq), first[1] / (low * low_seq))
 
 
 def mode_of(o: PlanOptions) -> str:
