@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The GPU checks in one shot, on a bare machine with Python 3 and an NVIDIA GPU: a venv, the project
-# installed into it, the CUDA tests, then bench/materialize_cuda.py. Logs go under $OUT when it is
+# installed into it, the CUDA tests, then bench/materialize_cuda.py and bench/plan_cuda.py (zoo.plan's
+# max_batch against a real training step on this GPU's free memory). Logs go under $OUT when it is
 # set (the device tool brings that folder back), else /tmp/zoo_gpu_checks. Exit status: 0 when the
 # install, the tests and the bench all ran clean (the bench's targets are printed, not asserted).
 #
@@ -43,12 +44,16 @@ fi
 
 status=0
 # Every test with "cuda" in its id: the old round trip in test_materialize and the streaming ones
-# (bit-exact fills through the pinned ring, round trips, casts, failure midway, copy=False, FSDP2).
-"$PY" -m pytest -q -p no:cacheprovider -rs -k cuda tests/test_materialize.py tests/test_stream.py 2>&1 \
+# (bit-exact fills through the pinned ring, round trips, casts, failure midway, copy=False, FSDP2), and
+# zoo.plan's step at max_batch on an emulated RTX 3090.
+"$PY" -m pytest -q -p no:cacheprovider -rs -k cuda tests/test_materialize.py tests/test_stream.py \
+    tests/test_plan_cuda.py 2>&1 \
     | tee "$LOGS/tests.log" || status=1
 # The same file without a GPU filter: the CPU runs of the same plan, as a cross-check on this machine.
 "$PY" -m pytest -q -p no:cacheprovider -k "not cuda" tests/test_stream.py 2>&1 | tail -n 3 \
     | tee "$LOGS/tests_cpu.log" || status=1
 "$PY" bench/materialize_cuda.py 2>&1 | tee "$LOGS/bench.log" || status=1
+# ten timm models, a step at the planned max_batch and at max_batch + 1, against max_memory_allocated
+"$PY" bench/plan_cuda.py 2>&1 | tee "$LOGS/plan.log" || status=1
 echo "gpu checks: exit $status" | tee -a "$LOGS/bench.log"
 exit $status

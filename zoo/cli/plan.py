@@ -1,6 +1,7 @@
 """`zoo plan`: what a run needs on each device, whether it fits the hardware, the largest batch that does and a
 predicted step time (zoo.plan), as a table or JSON."""
 
+import argparse
 import json
 
 from zoo.render import human, table
@@ -9,7 +10,17 @@ EXAMPLES = """examples:
   zoo plan timm/resnet50 --hardware "RTX 4090" --training
   zoo plan hf/meta-llama/Llama-3.1-8B --hardware H100 --training --fsdp 8 --devices 8 --seq-len 4096
   zoo plan hf/meta-llama/Llama-3.1-70B --hardware A100-80GB --tp 4 --devices 4 --json
-  zoo plan timm/vit_base_patch16_224 --hardware 24GiB --batch 64"""
+  zoo plan timm/vit_base_patch16_224 --hardware 24GiB --batch 64
+  zoo plan timm/resnet50 --hardware L4 --training --input-size 3,160,160"""
+
+
+def input_size(text: str) -> tuple[int, int, int]:
+    """--input-size: C,H,W as `zoo index builder --input` spells a shape (commas), without the batch."""
+    parts = text.replace(" ", "").split(",")
+    if len(parts) != 3 or not all(p.isdigit() and 1 <= int(p) < 2**31 for p in parts):
+        raise argparse.ArgumentTypeError(f"an input size is channels,height,width (3,224,224), not {text!r}")
+    c, h, w = (int(p) for p in parts)
+    return c, h, w
 
 
 def add_parser(sub, common, name_help: str, whole) -> None:
@@ -37,6 +48,13 @@ def add_parser(sub, common, name_help: str, whole) -> None:
     s.add_argument("--batch", type=whole(1, "a batch"), default=None, help="samples per device (default: max_batch)")
     s.add_argument("--seq-len", type=whole(1, "a sequence length"), default=None, help="tokens (default: the row's)")
     s.add_argument(
+        "--input-size",
+        type=input_size,
+        default=None,
+        metavar="C,H,W",
+        help="a vision model's input without the batch, e.g. 3,288,288 (default: the row's)",
+    )
+    s.add_argument(
         "--dtype",
         default=None,
         help="fp32, bf16, fp16, amp-bf16, amp-fp16 (autocast over fp32 master weights); default: amp-bf16 with "
@@ -61,6 +79,7 @@ def cmd_plan(zoo, args) -> int:
         training=args.training,
         batch=args.batch,
         seq_len=args.seq_len,
+        input_size=args.input_size,
         dtype=args.dtype,
         optimizer=args.optimizer,
         checkpointing=args.checkpointing,

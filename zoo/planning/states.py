@@ -30,16 +30,16 @@ def _chunk(rows: int, ranks: int, rank: int) -> tuple[int, int]:
     return max(0, min(size, rows - rank * size)), size
 
 
-def _tp_split(name: str, shape: tuple, tp: int) -> tuple:
-    """A tensor's shape on TP rank 0 under the standard plan (TP_COLWISE, TP_ROWWISE)."""
+def _tp_split(name: str, shape: tuple, tp: int, rank: int = 0) -> tuple:
+    """A tensor's shape on TP rank `rank`, split as DTensor's Shard splits it: torch.chunk, unpadded (rank 0 most)."""
     parts = name.split(".")
     module = parts[-2] if len(parts) > 1 else ""
     if tp == 1 or not shape:
         return shape
     if module in TP_COLWISE:
-        return (_chunk(shape[0], tp, 0)[0], *shape[1:])
+        return (_chunk(shape[0], tp, rank)[0], *shape[1:])
     if module in TP_ROWWISE and parts[-1] == "weight" and len(shape) == 2:
-        return (shape[0], _chunk(shape[1], tp, 0)[0])
+        return (shape[0], _chunk(shape[1], tp, rank)[0])
     return shape
 
 
@@ -68,16 +68,16 @@ def shape_groups(tensors: Sequence) -> dict:
 
 
 def model_states(shapes: dict, o: PlanOptions, rank: int = 0) -> dict[str, int]:
-    """Weights, gradients and optimizer states on FSDP rank `rank` (and TP rank 0) of a model's shape_groups, as the
-    module docstring counts them. Rank 0 holds the most."""
+    """Weights, gradients and optimizer states on device `rank` of an (fsdp, tp) mesh (FSDP rank rank // tp, TP rank
+    rank % tp) of a model's shape_groups, as the module docstring counts them. Rank 0 holds the most."""
     compute, master, _ = PRECISIONS[o.dtype or "bf16"]
     k = STATES[o.optimizer] if o.training and o.optimizer else 0
     floating, other = shapes["buffers"]
     out = {"weights": floating * (compute if master == compute else 4) + other, "gradients": 0, "optimizer": 0}
     for module, leaf, full, count in shapes["params"]:
-        shape = _tp_split(f"{module}.{leaf}", tuple(full), o.tp)
+        shape = _tp_split(f"{module}.{leaf}", tuple(full), o.tp, rank % o.tp)
         rest = math.prod(shape[1:]) if shape else 1
-        held, stored = _chunk(shape[0], o.fsdp, rank) if shape and o.fsdp > 1 else (shape[0] if shape else 1,) * 2
+        held, stored = _chunk(shape[0], o.fsdp, rank // o.tp) if shape else (1, 1)  # fsdp=1: the whole dim
         out["weights"] += count * stored * rest * master
         if o.training:
             out["gradients"] += count * stored * rest * master
