@@ -51,6 +51,8 @@ COMPARED = (
     "output_shapes",
     "scan_status",
     "scan_error",
+    "plan_shapes",
+    "plan_activations",
 )
 
 
