@@ -1,6 +1,6 @@
 """What the catalog shows, as JSON-ready dicts built from Zoo methods only (no SQL here): a search page
-(one page of rows, facets and plot points of the whole result set), a model, its module tree, an
-estimate; and typed errors as (status, body). The server (app.py) and the static export share it."""
+(one page of rows, facets and plot points of the whole result set, or of a large one's first rows), a model, its
+module tree, an estimate; and typed errors as (status, body). The server (app.py) and the static export share it."""
 
 from __future__ import annotations
 

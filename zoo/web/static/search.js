@@ -1,7 +1,8 @@
 // The search page: the grammar in one box, the result set as a sortable, paged table, facets that
 // narrow it (by adding `and family=X` to the search: the grammar stays the only query language) and
-// the plot of the whole result set. Served, the answer is embedded in the page; as static files it is
-// computed here by grammar.js over data/index.json. Every change is a plain link, so each view has a URL.
+// the plot of the whole result set (of a large one's first rows, which the page says). Served, the answer
+// is embedded in the page; as static files it is computed here by grammar.js over data/index.json. Every
+// change is a plain link, so each view has a URL.
 import { el, errorView, gflops, getJSON, human, modelHref, pageData, searchHref } from "./format.js";
 import { search as searchLocal, SearchSyntaxError } from "./grammar.js";
 import { atSize, chooseAxes, describe, drawPlot } from "./plot.js";
