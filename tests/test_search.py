@@ -24,6 +24,7 @@ from zoo.query import FIELDS, MAX_COMPARISONS, MAX_DEPTH, MAX_LENGTH, And, Compa
 from zoo.registry import db, lite, store
 from zoo.registry.sql import compile_search, sort_clause
 from zoo.registry.tables import Model
+from zoo.registry.where import start_sql
 
 REPO = Path(__file__).resolve().parents[1]
 STRING_FIELDS = [
@@ -868,6 +869,98 @@ def test_a_limited_search_gives_the_first_rows_of_the_whole_search_in_order(engi
                 assert store.search(session, text, order_by, limit) == whole[:limit], (order_by, limit)
             if engine.dialect.name == "sqlite":
                 assert lite.search(str(engine.url), text, order_by, limit) == whole[:limit], (order_by, limit)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [None, "family=timm", "name~'timm/*'", "name~'TIMM/*'", "name~'*a*'", "name~'vit*' and params>1e6", "params<0"],
+)
+def test_count_counts_the_matches_up_to_its_limit(engine, text, monkeypatch):
+    """Zoo.count: SQL's count of the matches, stopped at `limit` (a name glob's prefix read as index ranges, a
+    trigram pre-filter with more rows than the limit left out: zoo.registry.lite plans it so on SQLite)."""
+    monkeypatch.setattr(lite, "_FEW_CANDIDATES", 3)  # `*a*` has more pre-filter rows than that: no pre-filter
+    with Session(engine) as session:
+        n = len(store.search(session, text))
+        for limit in (None, 0, 1, 7, n, n + 1):
+            want = n if limit is None else min(n, limit)
+            assert store.count(session, text, limit) == want, (text, limit)
+            if engine.dialect.name == "sqlite":
+                assert lite.count(str(engine.url), text, limit) == want, (text, limit)
+
+
+NUMBER_SORTS = ["params", "-params", "bytes", "-bytes", "flops", "-flops", "top1", "-top1"]
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.data())
+def test_a_number_sort_read_in_its_index_gives_the_first_rows_of_the_whole_search(engine, data):
+    """PostgreSQL reads a limited search sorted by an indexed number in that number's index, within a budget of
+    rows, then from the matches' first value (zoo.registry.where.in_order_sql); a budget of one row per row wanted
+    runs out on these 300 rows as 5,000 would at a million. Whichever way it goes (these rows have ties and rows
+    without the number), the rows are the first `limit` of the whole search, in its order."""
+    if engine.dialect.name != "postgresql":
+        pytest.skip("zoo.registry.lite plans SQLite's searches (test_sqlite_without_sqlalchemy_...)")
+    node = data.draw(trees)
+    assume(depth(node) < MAX_DEPTH)
+    text = data.draw(st.composite(lambda draw: render(draw, node))())
+    if data.draw(st.booleans()):  # a range on a number beside it, as the searches that missed had
+        text = f"params > {data.draw(st.sampled_from(['0', '1e3', '1e6']))} and ({text})"
+    order_by = data.draw(st.sampled_from(NUMBER_SORTS))
+    limit = data.draw(st.sampled_from([1, 3, 20, 100]))
+    with Session(engine) as session:
+        whole = store.search(session, text, order_by)
+    with Session(engine) as session, pytest.MonkeyPatch.context() as patch:
+        patch.setattr(store, "_BUDGET_PER_ROW", 1)
+        patch.setattr(store, "_LEAST_BUDGET", 1)
+        assert store.search(session, text, order_by, limit) == whole[:limit], (text, order_by, limit)
+
+
+def test_a_sort_that_runs_with_the_filter_starts_where_the_matches_start(tmp_path, pg_server, monkeypatch):
+    """bytes = 4 x params: for a params range sorted by -bytes every match is behind every row of larger params,
+    past any budget, so the read starts again from the matches' largest bytes; an independent flops is found
+    within the budget. Both give the first rows of the whole search (ties on bytes go by name), each by the way
+    said: the count of the reads that run past their budget shows it."""
+    url = pg_server.fresh()
+    db.upgrade(url)
+    engine = create_engine(url)
+    rng = random.Random(7)
+    with Session(engine) as session:
+        session.add_all(
+            Model(
+                name=f"hf/m{i:04d}",
+                short=f"m{i:04d}",
+                family="hf",
+                builder="b",
+                kwargs="{}",
+                versions="{}",
+                status="ok",
+                kind="architecture",
+                params=(p := rng.choice([10**k for k in range(3, 9)]) + rng.randrange(1000)),
+                bytes=4 * p if i % 50 else None,
+                flops=rng.randrange(10**9),
+                source_hash="0" * 64,
+                indexed_at=datetime(2024, 1, 1),
+            )
+            for i in range(2000)
+        )
+        session.commit()
+    monkeypatch.setattr(store, "_BUDGET_PER_ROW", 5)  # 500 rows for the first 100: a third of them match
+    monkeypatch.setattr(store, "_LEAST_BUDGET", 1)
+    starts, read = [], []
+    monkeypatch.setattr(store, "start_sql", lambda *a: starts.append(a) or start_sql(*a))
+    first_in_order = store._first_in_order
+    monkeypatch.setattr(store, "_first_in_order", lambda *a: read.append(first_in_order(*a)) or read[-1])
+    text = "params >= 1e5 and params < 1e7"  # a third of the rows; another third above it, a third below
+    for order_by, restarted in (("-bytes", True), ("bytes", True), ("-flops", False), ("flops", False)):
+        starts.clear(), read.clear()
+        with Session(engine) as session:
+            whole = store.search(session, text, order_by)
+            assert len(whole) > 200
+            assert store.search(session, text, order_by, 100) == whole[:100], order_by
+        # found by the reads in the index (not the sort of every match), the second one only where it runs with it
+        assert len(read) == 1 and read[0] is not None and len(read[0]) == 100, order_by
+        assert bool(starts) == restarted, order_by
+    engine.dispose()
 
 
 TOKENS = sorted(FIELDS) + [

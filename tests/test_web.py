@@ -132,9 +132,37 @@ def test_a_search_past_the_cap_is_counted_and_plotted_up_to_it(small_registry, m
     monkeypatch.setattr(views, "MAX_RESULTS", 3)
     body = views.search(Zoo(small_registry), {"sort": "-params", "per_page": "2", "page": "2"})
     first = [i.name for i in Zoo(small_registry).search(None, order_by="-params", limit=3)]
-    assert body["more"] is True and body["total"] == 3 and body["pages"] == 2
+    assert body["more"] is True and body["total"] == 3 and body["pages"] == 2 and body["sampled"] is True
     assert [p["name"] for p in body["points"]] == first and [r["name"] for r in body["rows"]] == first[2:]
     assert sum(n for _, n in body["facets"]["family"]) == 3
+
+
+@pytest.mark.parametrize("cap, sampled", [(5, True), (10_000, False)])
+def test_a_large_result_plots_and_facets_its_first_rows_and_says_so(small_registry, monkeypatch, cap, sampled):
+    """Past MAX_RESULTS matches, the plot and the facets are of the first SAMPLE in the table's order (`sampled`),
+    while the rows page through all MAX_RESULTS; up to it, they are of every match, whose number SQL counts."""
+    monkeypatch.setattr(views, "MAX_RESULTS", cap)
+    monkeypatch.setattr(views, "SAMPLE", 3)
+    zoo = Zoo(small_registry)
+    whole = zoo.search(None, order_by="-params", limit=None)
+    assert len(whole) > 5
+    body = views.search(zoo, {"sort": "-params", "per_page": "2", "page": "3"})
+    shown = whole[:3] if sampled else whole
+    assert body["sampled"] is sampled and body["more"] is sampled
+    assert body["total"] == (cap if sampled else len(whole)) and body["pages"] == -(-body["total"] // 2)
+    assert [p["name"] for p in body["points"]] == [i.name for i in shown]
+    assert [r["name"] for r in body["rows"]] == [i.name for i in whole[: body["total"]][4:6]]
+    assert dict(body["facets"]["family"]) == Counter(i.family for i in shown)
+    assert dict(body["facets"]["task"]) == Counter(i.task for i in shown if i.task)
+
+
+@pytest.mark.parametrize("q", ["", "family=timm", "params<1e7 or family=torchvision", "name~'*resnet*'", "params<0"])
+def test_zoo_count_counts_what_zoo_search_finds(small_registry, q):
+    zoo = Zoo(small_registry)
+    n = len(zoo.search(q or None, limit=None))
+    assert zoo.count(q or None) == n
+    for limit in (0, 1, n, n + 1):
+        assert zoo.count(q or None, limit=limit) == min(n, limit)
 
 
 @pytest.mark.parametrize(

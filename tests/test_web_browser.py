@@ -170,6 +170,30 @@ def test_facets_narrow_by_the_grammar(browser, site, small_registry):
     assert table_names(browser) == [i.name for i in Zoo(small_registry).search(q, limit=None)]
 
 
+def test_the_page_says_when_the_plot_and_the_facets_are_a_sample(browser, site, small_registry, monkeypatch):
+    """Past MAX_RESULTS matches the plot and the facets are of the first SAMPLE rows (zoo.web.views.search): the
+    note beside the plot and above the facets says how many of how many; a result plotted whole says nothing."""
+    monkeypatch.setattr(views, "MAX_RESULTS", 5)
+    monkeypatch.setattr(views, "SAMPLE", 3)
+    browser.get(site + "/?sort=-params")
+    ready(browser)
+    said = "a sample: the first 3 of 5+ matches, in the table's order"
+    assert said in browser.find_element("id", "plot-note").text
+    assert browser.find_element("id", "facet-note").text == said
+    assert len(marks(browser)) <= 3
+    counted = sum(
+        int(li.text.rsplit(" ", 1)[1]) for li in browser.find_elements("css selector", "[data-facet='family'] li")
+    )
+    assert counted == 3
+    monkeypatch.setattr(views, "MAX_RESULTS", 10_000)
+    browser.get(site + "/?sort=-params")
+    ready(browser)
+    assert "sample" not in browser.find_element("id", "plot-note").text and not browser.find_elements(
+        "id", "facet-note"
+    )
+    shot(browser, "search-sampled.png")
+
+
 def test_a_syntax_error_is_shown_inline_with_a_caret_at_its_column(browser, site):
     browser.get(site + "/")
     ready(browser)

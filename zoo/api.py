@@ -170,6 +170,36 @@ class Zoo(Sizing, Recording):
             for r in rows
         ]
 
+    def count(self, expression=None, limit: int | None = None) -> int:
+        """How many models match a search, by SQL alone (no row is read into Python).
+
+        Args:
+            expression: a search string or an F-expression, as search() takes; None: every model.
+            limit: count at most this many (a bound on the time: a million matches take seconds to count, the
+                first 10,000 a millisecond); None: every match.
+
+        Returns:
+            The number of matches, at most `limit`.
+
+        Raises:
+            SearchSyntaxError: a malformed search; InvalidComparison: a value of the wrong kind for its field.
+            InvalidArgument: a bad limit.
+            RegistryNotFound: no registry at the URL.
+
+        Examples:
+            >>> zoo.count("family=timm and params<1e7", limit=10_001) <= 10_001
+            True
+        """
+        if limit is not None and (not isinstance(limit, int) or isinstance(limit, bool) or not 0 <= limit < 2**63):
+            raise InvalidArgument(f"limit is a whole number >= 0 (or None to count every match), not {limit!r}")
+        from zoo.registry import lite
+
+        found = lite.count(self.url, expression, limit)  # SQLite, without SQLAlchemy
+        if found is not None:
+            return found
+        with db.session(self.url) as s:
+            return store.count(s, expression, limit)
+
     def _search_fits(self, expression, order_by, limit, fields, fits) -> tuple[list[tuple], list[str]]:
         """search with fits: ([(ModelInfo, or a dict of `fields` with max_batch; its Plan)], the names of matching
         rows that record no plan for this run)."""

@@ -227,7 +227,7 @@ export function search(index, params, perPageDefault = 50) {
   const columns = [...index.columns, ...Object.keys(index.fields).filter((f) =>
     index.fields[f] === "number" && words.has(f) && !index.columns.includes(f))];
   return {
-    q, sort, page, per_page: perPage, total: found.length, more: false,
+    q, sort, page, per_page: perPage, total: found.length, more: false, sampled: false,
     pages: Math.max(1, Math.ceil(found.length / perPage)), columns,
     rows: found.slice(start, start + perPage).map((row) => pick(row, columns)),
     facets, axes: index.axes,

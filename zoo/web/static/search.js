@@ -1,7 +1,8 @@
 // The search page: the grammar in one box, the result set as a sortable, paged table, facets that
 // narrow it (by adding `and family=X` to the search: the grammar stays the only query language) and
-// the plot of the whole result set. Served, the answer is embedded in the page; as static files it is
-// computed here by grammar.js over data/index.json. Every change is a plain link, so each view has a URL.
+// the plot of the whole result set (of a large one's first rows, which the page says). Served, the answer
+// is embedded in the page; as static files it is computed here by grammar.js over data/index.json. Every
+// change is a plain link, so each view has a URL.
 import { el, errorView, gflops, getJSON, human, modelHref, pageData, searchHref } from "./format.js";
 import { search as searchLocal, SearchSyntaxError } from "./grammar.js";
 import { atSize, chooseAxes, describe, drawPlot } from "./plot.js";
@@ -50,7 +51,7 @@ function renderTable(result) {
   $("table").replaceChildren(el("thead", null, header), el("tbody", null, rows));
   const shown = result.total ? `${(result.page - 1) * result.per_page + 1}-${(result.page - 1) * result.per_page + result.rows.length}` : "0";
   $("summary").textContent = result.total
-    ? `${result.total}${result.more ? "+" : ""} models match${result.more ? " (the first ones are counted and plotted)" : ""}; rows ${shown}`
+    ? `${result.total}${result.more ? "+" : ""} models match; rows ${shown}`
     : "no models match";
   const pager = [];
   if (result.page > 1) pager.push(el("a", { href: link(result, { page: result.page - 1 }), rel: "prev" }, "\u2190 previous"));
@@ -59,12 +60,17 @@ function renderTable(result) {
   $("pager").replaceChildren(...pager);
 }
 
+// the server sends a sample of a result past its count (result.sampled): its first rows in the table's order
+const sampleNote = (result) => `a sample: the first ${result.points.length} of ${result.total}${result.more ? "+" : ""} matches, in the table's order`;
+
 function renderFacets(result) {
   const groups = Object.entries(result.facets).filter(([, values]) => values.length).map(([field, values]) =>
     el("div", { class: "facet", "data-facet": field }, el("h3", null, field),
       el("ul", null, values.map(([value, n]) => el("li", null,
         el("a", { href: link(result, { q: narrowed(result.q, field, value), page: null }) }, value), ` ${n}`)))));
-  $("facets").replaceChildren(...groups);
+  // a large result's facets count its sample (the plot's points), not every match: say so
+  const note = result.sampled ? [el("p", { id: "facet-note", class: "note" }, sampleNote(result))] : [];
+  $("facets").replaceChildren(...note, ...groups);
 }
 
 function renderPlot(result) {
@@ -76,7 +82,10 @@ function renderPlot(result) {
   $("plot-predicted").checked = axes.fill;
   const drawn = drawPlot($("plot"), result.points, axes, { tooltip: $("tooltip"), legend: $("legend"),
     onOpen: (name) => { location.href = modelHref(mode, name); } });
-  $("plot-note").textContent = drawn.skipped ? `${drawn.skipped} not plotted (no ${axes.x.name} or ${axes.y.name} recorded)` : "";
+  const notes = [];
+  if (result.sampled) notes.push(sampleNote(result));
+  if (drawn.skipped) notes.push(`${drawn.skipped} not plotted (no ${axes.x.name} or ${axes.y.name} recorded)`);
+  $("plot-note").textContent = notes.join("; ");
   $("front-note").textContent = drawn.front.length ? `(best ${axes.y.name} for its ${axes.x.name})` : "";
   $("front").replaceChildren(...drawn.front.map((p) => el("li", { "data-name": p.name, class: p.px || p.py ? "predicted" : null },
     el("a", { href: modelHref(mode, p.name) }, p.name),
