@@ -80,6 +80,20 @@ def test_api_search_answers_what_zoo_search_answers(site, small_registry, q):
         assert all(r == {c: getattr(i, c) for c in body["columns"]} for r, i in zip(body["rows"], found))
 
 
+def test_api_search_with_fits_keeps_what_zoo_search_fits_keeps(site, small_registry):
+    """The catalog's fits filter is search --fits: the models whose plan fits, each with its max_batch as a column,
+    and the matches that record no plan (fasterrcnn cannot run on meta) counted."""
+    spec = "RTX 4090 train batch=512"
+    want, unplanned = Zoo(small_registry)._search_fits(None, "name", None, ["name", "max_batch"], spec)
+    status, body = get_json(site, "/api/search", sort="name", fits=spec)
+    assert status == 200 and body["fits"] == spec and body["columns"][-1] == "max_batch"
+    assert [(r["name"], r["max_batch"]) for r in body["rows"]] == [(r["name"], r["max_batch"]) for r, _ in want]
+    assert 0 < body["total"] == len(want) < len(Zoo(small_registry).search(None)) - len(unplanned)  # some do not fit
+    assert body["unplanned"] == len(unplanned) > 0
+    status, body = get_json(site, "/api/search", fits="H100 train lr=1")
+    assert status == 400 and "unknown key 'lr'" in body["message"]
+
+
 @pytest.mark.parametrize(
     "q, sort, named",
     [

@@ -194,6 +194,21 @@ def test_the_page_says_when_the_plot_and_the_facets_are_a_sample(browser, site, 
     shot(browser, "search-sampled.png")
 
 
+def test_the_fits_box_filters_by_plan_and_shows_max_batch(browser, site, small_registry):
+    """Typing a run into the fits box keeps the models whose plan fits it, each with its max batch."""
+    browser.get(site + "/?sort=name")
+    ready(browser)
+    spec = "RTX 4090 train batch=512"
+    box = browser.find_element("id", "fits")
+    navigate(browser, lambda: (box.send_keys(spec), box.submit()))
+    want = Zoo(small_registry)._search_fits(None, "name", None, ["name", "max_batch"], spec)[0]
+    assert table_names(browser) == [r["name"] for r, _ in want]
+    cells = browser.find_elements("css selector", "#table td[data-col='max_batch']")
+    assert [int(c.text) for c in cells] == [r["max_batch"] for r, _ in want]
+    assert f"models fit {spec}" in browser.find_element("id", "summary").text
+    assert browser.find_element("id", "fits").get_attribute("value") == spec  # kept across the navigation
+
+
 def test_a_syntax_error_is_shown_inline_with_a_caret_at_its_column(browser, site):
     browser.get(site + "/")
     ready(browser)

@@ -130,8 +130,10 @@ def flag(params, key: str) -> bool:
 
 
 def search(zoo: Zoo, params) -> dict:
-    """One search page: q (the grammar), sort ("params" or "-params"), page, per_page."""
+    """One search page: q (the grammar), sort ("params" or "-params"), page, per_page; fits (a hardware and a run, as
+    `zoo search --fits` takes it): only the models whose plan fits, with their max_batch."""
     q = (params.get("q") or "").strip()
+    fits = (params.get("fits") or "").strip() or None
     sort = (params.get("sort") or "").strip() or None
     page = whole_number(params, "page", 1, 1, 10**9)
     per_page = whole_number(params, "per_page", PER_PAGE, 1, MAX_PER_PAGE)
@@ -151,9 +153,16 @@ def search(zoo: Zoo, params) -> dict:
     # First the rows a large result shows (its sample, this page); a small one is all there is, and else the count
     # (SQL alone, up to MAX_RESULTS + 1) says whether to read every match or show the sample.
     wanted_rows = min(max(SAMPLE + 1, page * per_page), MAX_RESULTS)
-    found = zoo.search(q or None, order_by=sort, limit=wanted_rows, fields=read)
-    total = len(found)
-    if total == wanted_rows:
+    unplanned: list[str] = []
+    if fits is not None:  # every match is planned: the ones that fit, as many as a page may show
+        shown.append("max_batch")
+        pairs, unplanned = zoo._search_fits(q or None, sort, MAX_RESULTS + 1, [*read, "max_batch"], fits)
+        found = [row for row, _ in pairs]
+        total = len(found)
+    else:
+        found = zoo.search(q or None, order_by=sort, limit=wanted_rows, fields=read)
+        total = len(found)
+    if fits is None and total == wanted_rows:
         total = max(zoo.count(q or None, limit=MAX_RESULTS + 1), total)  # not fewer than were read, writers aside
         if wanted_rows < total <= MAX_RESULTS:
             found = zoo.search(q or None, order_by=sort, limit=total, fields=read)
@@ -188,6 +197,8 @@ def search(zoo: Zoo, params) -> dict:
         "facets": {f: Counter(r[f] for r in plotted_rows if r[f]).most_common() for f in FACETS},
         "points": [{f: r[f] for f in plotted} for r in plotted_rows],
         "sampled": sampled,
+        "fits": fits,
+        "unplanned": len(unplanned),  # matches that record no plan for this run (zoo plan NAME measures one)
         "axes": plot_axes(),
     }
 

@@ -12,9 +12,9 @@ const mode = data.mode;
 const params = new URLSearchParams(location.search);
 const $ = (id) => document.getElementById(id);
 const HEADINGS = { name: "name", family: "family", task: "task", params: "params", flops: "GFLOPs", bytes: "bytes",
-  top1: "top-1", license: "license" };
+  top1: "top-1", license: "license", max_batch: "max batch" };
 // every column beyond the default ones is a number the search or its sort names (box_map, bench_cpu, ...)
-const numeric = (column) => ["params", "flops", "bytes", "top1"].includes(column) || !(column in HEADINGS);
+const numeric = (column) => ["params", "flops", "bytes", "top1", "max_batch"].includes(column) || !(column in HEADINGS);
 
 function cell(column, value) {
   if (value === null || value === undefined) return "-";
@@ -34,7 +34,7 @@ function narrowed(q, field, value) {
 }
 
 function link(result, overrides) {
-  return searchHref(mode, { q: result.q, sort: result.sort, x: params.get("x"), y: params.get("y"),
+  return searchHref(mode, { q: result.q, sort: result.sort, fits: result.fits, x: params.get("x"), y: params.get("y"),
     predicted: params.get("predicted"), per_page: params.get("per_page"), ...overrides });
 }
 
@@ -50,9 +50,11 @@ function renderTable(result) {
     c === "name" ? el("a", { href: modelHref(mode, row.name) }, row.name) : cell(c, row[c])))));
   $("table").replaceChildren(el("thead", null, header), el("tbody", null, rows));
   const shown = result.total ? `${(result.page - 1) * result.per_page + 1}-${(result.page - 1) * result.per_page + result.rows.length}` : "0";
-  $("summary").textContent = result.total
-    ? `${result.total}${result.more ? "+" : ""} models match; rows ${shown}`
-    : "no models match";
+  const verb = result.fits ? `fit ${result.fits}` : "match";
+  const unplanned = result.unplanned ? ` (${result.unplanned} matches record no plan for this run)` : "";
+  $("summary").textContent = (result.total
+    ? `${result.total}${result.more ? "+" : ""} models ${verb}; rows ${shown}`
+    : `no models ${verb}`) + unplanned;
   const pager = [];
   if (result.page > 1) pager.push(el("a", { href: link(result, { page: result.page - 1 }), rel: "prev" }, "\u2190 previous"));
   pager.push(el("span", null, ` page ${result.page} of ${result.pages} `));
@@ -116,6 +118,9 @@ const { result, failure } = await answer();
 $("q").value = params.get("q") || "";
 $("sort").value = params.get("sort") || "";
 $("sort").disabled = !$("sort").value; // no empty sort= in the URL
+$("fits").value = params.get("fits") || "";
+$("fits").hidden = mode !== "server"; // a plan needs zoo's planner: the static catalog searches without it
+$("search-form").addEventListener("submit", () => { $("fits").disabled = !$("fits").value.trim(); });
 if (failure) {
   showError(failure);
   $("summary").textContent = "no search ran";
