@@ -51,11 +51,14 @@ def small_registry(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def hf_catalog(tmp_path_factory):
-    """The shipped catalog/hf configs indexed with the CLI, as `make registry` does (with analysis): its URL.
+    """The shipped catalog/hf configs indexed with the CLI, as `make registry` does (with analysis, without the plan
+    fits): its URL.
     Shared by test_hf and test_llm (indexing it takes about a minute here), which only read it: checked at the end."""
     url = f"sqlite:///{tmp_path_factory.mktemp('catalog') / 'catalog.db'}"
     files = sorted(str(p) for p in (ROOT / "catalog" / "hf").glob("*__*.json"))
-    out = cli_json("index", "hf", *files, registry=url)
+    # without the plan's activation fits (eight meta steps in each of three modes, a model): these tests read the
+    # LLM fields, counts and analysis; tests/test_plan_fits.py checks the fits, and the shipped registry has them
+    out = cli_json("index", "hf", *files, registry=url, env_extra={"ZOO_PLAN_FITS": "0"})
     assert out == {"indexed": len(files), "unchanged": 0, "failed": {}}
     before = _contents(url)
     yield url

@@ -178,6 +178,18 @@ def test_a_row_without_a_recorded_plan_is_named_and_still_planned(registry, tmp_
     assert "1 matching models record no plan for this run, such as timm/resnet18" in result.stderr
 
 
+def test_with_plan_fits_off_an_index_records_none_and_a_plan_measures(registry, tmp_path, monkeypatch):
+    monkeypatch.setenv("ZOO_PLAN_FITS", "0")
+    off = zoo.connect(f"sqlite:///{tmp_path / 'off.db'}")
+    assert off.index("timm", ["resnet18"]).failed == {}
+    info = off.info("timm/resnet18")
+    assert info.plan_activations is None and info.scan_status == "ok" and info.plan_shapes
+    monkeypatch.delenv("ZOO_PLAN_FITS")
+    options = dict(hardware="RTX 4090", training=True)
+    assert off.plan("timm/resnet18", **options) == registry.plan("timm/resnet18", **options)
+    assert off._search_fits(None, None, None, ["name"], "RTX 4090 train")[1] == ["timm/resnet18"]
+
+
 def test_zoo_search_fits_prints_max_batch_as_a_column_and_in_json(registry):
     spec = "RTX 4090 train batch=1500"
     want = {r["name"]: r["max_batch"] for r in registry.search(None, fields=["name", "max_batch"], fits=spec)}

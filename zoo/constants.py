@@ -76,6 +76,13 @@ def kernel_cache_enabled() -> bool:
     return os.environ.get("ZOO_KERNEL_CACHE", "1").strip() != "0"
 
 
+def plan_fits_enabled() -> bool:
+    """ZOO_PLAN_FITS=0: zoo index records no activation fits for zoo.plan (zoo.analysis.plan_record), several times
+    faster for language models; a plan of such a row measures on meta, and search --fits names it. Any other value
+    or none: they are recorded."""
+    return os.environ.get("ZOO_PLAN_FITS", "1").strip() != "0"
+
+
 def cache_dir() -> Path:
     """ZOO_CACHE: where zoo keeps what it may recompute (which weights files it has hash-checked);
     default $XDG_CACHE_HOME/zoo, else ~/.cache/zoo."""

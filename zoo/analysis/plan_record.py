@@ -6,11 +6,15 @@ from __future__ import annotations
 
 from torch import nn
 
+from zoo.constants import plan_fits_enabled
 from zoo.errors import reason
 
 
-def plan_activations(module: nn.Module, spec: dict) -> dict:
-    """{mode: Activations.as_json()} for every recorded mode; a mode that cannot run on meta maps to the reason."""
+def plan_activations(module: nn.Module, spec: dict) -> dict | None:
+    """{mode: Activations.as_json()} for every recorded mode; a mode that cannot run on meta maps to the reason. None
+    where ZOO_PLAN_FITS=0 turns them off."""
+    if not plan_fits_enabled():
+        return None
     from zoo.analysis.inputs import has_sequence
     from zoo.analysis.memory import estimate_at
     from zoo.planning import RECORDED_MODES, PlanOptions, fit_activations, measurer

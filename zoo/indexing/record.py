@@ -13,6 +13,7 @@ import warnings
 from dataclasses import dataclass, field
 
 from zoo.columns import BY_NAME
+from zoo.constants import plan_fits_enabled
 from zoo.errors import ZooError, reason
 from zoo.families import family
 from zoo.planning import shape_groups
@@ -184,7 +185,8 @@ def _analysis_at(built: _Built, spec, versions: str, known: dict | None) -> tupl
     digest = structure_digest(built.module, (spec, versions, RECORD_VERSION))
     reused = known is not None and digest in known
     analysis = dict(known[digest]) if known is not None and reused else _analyze(built.module, spec)
-    if analysis.get("scan_status") == "ok" and analysis.get("plan_activations") is None:  # recorded before them
+    if analysis.get("scan_status") == "ok" and analysis.get("plan_activations") is None and plan_fits_enabled():
+        # recorded before them: the fits alone
         analysis["plan_activations"] = BY_NAME["plan_activations"].encode(_plan_fits(built.module, spec))
     if analysis.get("scan_status") == "ok":  # a timeout or an error is not passed on
         built.analysed[at] = digest, analysis
