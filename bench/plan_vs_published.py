@@ -140,6 +140,7 @@ def family_of(arch: str | None) -> str:
 
 def collect(z, limit: int | None, cache_path: Path) -> tuple[list[dict], dict]:
     cache = json.loads(cache_path.read_text()) if cache_path.exists() else {}
+    cache_path.parent.mkdir(parents=True, exist_ok=True)
     with open(TABLE, newline="") as f:
         published = list(csv.DictReader(f))
     rows, skipped = [], {"no registry row": 0, "fails on meta": 0}
@@ -173,7 +174,6 @@ def collect(z, limit: int | None, cache_path: Path) -> tuple[list[dict], dict]:
                 "options": o,
             }
         )
-    cache_path.parent.mkdir(parents=True, exist_ok=True)
     cache_path.write_text(json.dumps(cache))
     return rows, skipped
 

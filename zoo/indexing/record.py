@@ -249,7 +249,7 @@ def _variant_columns(variant: dict | None) -> dict:
     return {k: BY_NAME[k].encode(v) for k, v in variant.items() if k not in _VARIANT_KEYS}
 
 
-def _plan_fits(module, spec) -> dict:
+def _plan_fits(module, spec) -> dict | None:
     """The plan_activations of an analysis recorded before zoo recorded them (zoo.analysis.plan_record)."""
     from zoo.analysis.plan_record import plan_activations
 
