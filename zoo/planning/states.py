@@ -13,11 +13,15 @@ from zoo.planning.options import _BYTES, PRECISIONS, STATES, STEP_BYTES, PlanOpt
 TP_COLWISE = ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj", "qkv", "fc1", "w1", "w3")
 TP_ROWWISE = ("o_proj", "down_proj", "proj", "fc2", "w2")
 OTHER = {
-    "fsdp_gathered": "FSDP2: the unsharded parameters at the compute dtype of the root (not resharded after "
-    "forward) and of two blocks at once (the one running and the one prefetched), and one block's unsharded "
-    "gradients before its reduce-scatter",
+    "fsdp_gathered": "FSDP2 (each block and the root fully_shard-ed, reshard_after_forward=True): at the compute "
+    "dtype, the root's unsharded parameters (padded to the ranks, never resharded after forward) and three blocks in "
+    "forward (the one running, its flat all-gather buffer, the last block's buffer still referenced while the copy-out "
+    "runs); in backward four blocks (the running one's parameters and gradients, the prefetched block's all-gather "
+    "buffer, the last block's reduce-scatter input) and the root's gradients. Measured on gloo ranks, "
+    "tests/test_plan_other.py: exact in serving, in training above by the gradients autograd gives the root after "
+    "the blocks (the input embeddings)",
     "ddp_buckets": "DDP: its all-reduce buckets, one more copy of the gradients (gradient_as_bucket_view=False, "
-    "the default; torch's DistributedDataParallel documentation)",
+    "the default; with True the gradients are views of the buckets). Measured: tests/test_plan_other.py",
     "amp_copies": "amp-* under FSDP2 without autocast: low-precision copies of the weights, kept for backward",
     "cuda_reserve": "a GPU of the hardware table: the CUDA context, cuDNN's and cuBLAS's handles and workspaces",
     "allocator": "a GPU of the hardware table: the caching allocator's rounding and fragmentation (of activations)",
@@ -109,13 +113,32 @@ def blocks(tensors: Sequence) -> tuple[list[int], int]:
     return counts, sum(t.numel for t in params) - sum(counts)
 
 
+def _padding(shapes: dict, o: PlanOptions) -> int:
+    """The elements fully_shard adds by padding each parameter's dim 0 to a multiple of the ranks (TP rank 0's
+    split): an upper bound of the root's padding (the blocks' dims divide the ranks in the models measured)."""
+    pad = 0
+    for module, leaf, full, count in shapes["params"]:
+        shape = _tp_split(f"{module}.{leaf}", tuple(full), o.tp) or (1,)
+        pad += count * (_chunk(shape[0], o.fsdp, 0)[1] * o.fsdp - shape[0]) * math.prod(shape[1:])
+    return pad
+
+
 def other_bytes(shapes: dict, o: PlanOptions, states: dict[str, int]) -> dict[str, int]:
     """The terms of OTHER that apply to this layout."""
     compute, master, _ = PRECISIONS[o.dtype or "bf16"]
     out = {}
     if o.fsdp > 1:
-        largest, root = shapes["blocks"]
-        out["fsdp_gathered"] = (root + 2 * largest) * compute // o.tp + (largest * compute // o.tp if o.training else 0)
+        largest, root = (n // o.tp for n in shapes["blocks"])
+        gathered = root + _padding(shapes, o)  # the root as all-gathered: each dim 0 padded to the ranks
+        # the peaks tests/test_plan_other.py measures (elements): in forward the root and three blocks, or two roots
+        # and two blocks while the root's own buffer is still held; in backward (root's gradients bounded by root)
+        # four blocks, or at its end the root's parameters, gradients and reduce-scatter input
+        peak = (
+            gathered + root + max(4 * largest, gathered)
+            if o.training
+            else gathered + 2 * largest + max(largest, gathered)
+        )
+        out["fsdp_gathered"] = peak * compute
     elif master != compute and not autocast(o):
         out["amp_copies"] = param_count(shapes) * compute // o.tp if o.training else 0
     if o.training and o.devices // (o.fsdp * o.tp) > 1 and o.fsdp == 1:
