@@ -7,7 +7,7 @@ from dataclasses import replace
 from types import SimpleNamespace
 
 from zoo.errors import InvalidArgument
-from zoo.planning import RECORDED_MODES, Plan, PlanOptions, mode_of, plan, recorded_activations, row_seq
+from zoo.planning import RECORDED_MODES, Activations, Plan, PlanOptions, mode_of, plan, row_seq
 from zoo.throughput.roofline import INPUTS
 
 # --fits keys: the plan's own keyword names (and `seq` for seq_len)
@@ -80,14 +80,16 @@ def _value(key: str, text: str):
     return text
 
 
-def plan_of_row(row: dict, o: PlanOptions) -> Plan | None:
-    """The plan of a search row (ROW_FIELDS) from its recorded data; None where it records none for this mode."""
+def plan_of_row(row: dict, o: PlanOptions, mode: str) -> Plan | None:
+    """The plan of a search row (ROW_FIELDS) from its recorded data for options `o` of mode_of `mode`; None where it
+    records none for this mode."""
     info = SimpleNamespace(**row)
     if o.seq_len and row_seq(info) is None:  # the sequence is the token models': another is planned at its own input
         o = replace(o, seq_len=None)
-    activations = recorded_activations(info, o)
-    if activations is None or not row.get("plan_shapes"):
+    values = (row.get("plan_activations") or {}).get(mode)
+    if not isinstance(values, list) or not row.get("plan_shapes"):  # text: why zoo index could not measure it
         return None
+    activations = Activations.from_json(values)
     try:
         return plan(row["name"], row["plan_shapes"], info, o, activations)
     except InvalidArgument:  # a TP degree that does not divide its heads: this layout cannot run it
@@ -98,10 +100,11 @@ def fitting(rows: list[dict], o: PlanOptions) -> tuple[list[tuple[dict, Plan]], 
     """(row, plan) of each row whose plan fits, in the rows' order; and the names of rows that record no activations
     for this mode (a model that cannot run on meta, or one indexed before zoo recorded them)."""
     kept, unplanned = [], []
+    mode = mode_of(o)
     for row in rows:
-        p = plan_of_row(row, o)
+        p = plan_of_row(row, o, mode)
         if p is None:
-            if not isinstance((row.get("plan_activations") or {}).get(mode_of(o)), list):
+            if not isinstance((row.get("plan_activations") or {}).get(mode), list):
                 unplanned.append(row["name"])
         elif p.fits:
             kept.append((row, p))

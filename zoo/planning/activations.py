@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import astuple, dataclass, replace
+from dataclasses import astuple, dataclass
 from typing import Any
 
 from zoo.errors import AnalysisError
@@ -51,8 +51,8 @@ class Activations:
         return max(0, math.ceil(max(self.low.at(batch, seq), self.high.at(batch, seq))))
 
     def scaled(self, factor: float) -> Activations:
-        low, high = (Regime(*(v * factor for v in astuple(r))) for r in (self.low, self.high))
-        return replace(self, low=low, high=high)
+        low, high = (Regime(r.c0 * factor, r.c1 * factor, r.a * factor, r.q * factor) for r in (self.low, self.high))
+        return Activations(low, high, self.kv_per_token)
 
     def as_json(self) -> list:
         return [*astuple(self.low), *astuple(self.high), self.kv_per_token]

@@ -54,6 +54,7 @@ def ram_bytes() -> int:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
+@functools.lru_cache(maxsize=64)  # a search by fit plans every row on one device
 def hardware_of(value) -> Hardware:
     """A device by any of its names, "cpu", or an amount of memory: bytes, or text with a unit ("24GiB", "80 GB")."""
     if isinstance(value, int) and not isinstance(value, bool) and value > 0:

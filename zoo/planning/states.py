@@ -34,23 +34,35 @@ def _chunk(rows: int, ranks: int, rank: int) -> tuple[int, int]:
     return max(0, min(size, rows - rank * size)), size
 
 
-def _tp_split(name: str, shape: tuple, tp: int, rank: int = 0) -> tuple:
-    """A tensor's shape on TP rank `rank`, split as DTensor's Shard splits it: torch.chunk, unpadded (rank 0 most)."""
+def tp_role(name: str, shape: Sequence[int]) -> str:
+    """How the standard plan splits a parameter: "col" (a TP_COLWISE module's weight and bias: dim 0), "row" (a
+    TP_ROWWISE module's 2-d weight: dim 1) or "" (replicated: its bias, and every other parameter)."""
     parts = name.split(".")
     module = parts[-2] if len(parts) > 1 else ""
-    if tp == 1 or not shape:
-        return shape
-    if module in TP_COLWISE:
-        return (_chunk(shape[0], tp, rank)[0], *shape[1:])
-    if module in TP_ROWWISE and parts[-1] == "weight" and len(shape) == 2:
-        return (shape[0], _chunk(shape[1], tp, rank)[0])
-    return shape
+    if module in TP_COLWISE and shape:
+        return "col"
+    return "row" if module in TP_ROWWISE and parts[-1] == "weight" and len(shape) == 2 else ""
+
+
+def _local(role: str, rows: int | None, rest: int, o: PlanOptions, rank: int) -> tuple[int, int, int]:
+    """(rows held, rows stored, elements a row) of a parameter group on device `rank`: split by TP as DTensor's Shard
+    splits (torch.chunk, unpadded: rank 0 most), then on dim 0 by FSDP2 as fully_shard does (padded). rows None: a
+    0-d parameter, held whole."""
+    if rows is None:
+        return 1, 1, 1
+    if o.tp > 1 and role == "col":
+        rows = _chunk(rows, o.tp, rank % o.tp)[0]
+    elif o.tp > 1 and role == "row":
+        rest = _chunk(rest, o.tp, rank % o.tp)[0]
+    held, stored = _chunk(rows, o.fsdp, rank // o.tp)
+    return held, stored, rest
 
 
 def shape_groups(tensors: Sequence) -> dict:
     """What model_states and other_bytes read of a tensor table (zoo.inspection.TensorInfo rows), small enough to be a
-    registry column (`plan_shapes`, recorded by zoo index): the untied parameters grouped by (module, leaf name,
-    shape) with their count, the buffers' floating elements and other bytes, and FSDP2's units (blocks)."""
+    registry column (`plan_shapes`, recorded by zoo index): the untied parameters grouped by (tp_role, dim 0, the
+    elements of the rest: the columns of a "row" weight) with their count, the buffers' floating elements and other
+    bytes, and FSDP2's units (blocks)."""
     groups: dict[tuple, int] = {}
     floating = other = 0
     for t in tensors:
@@ -60,12 +72,11 @@ def shape_groups(tensors: Sequence) -> dict:
             floating += t.numel if t.dtype in _BYTES else 0
             other += 0 if t.dtype in _BYTES else t.bytes
             continue
-        parts = t.name.split(".")
-        key = (parts[-2] if len(parts) > 1 else "", parts[-1], tuple(t.shape))
+        key = (tp_role(t.name, t.shape), t.shape[0] if t.shape else None, math.prod(t.shape[1:]))
         groups[key] = groups.get(key, 0) + 1
     counts, root = blocks(tensors)
     return {
-        "params": [[module, leaf, list(shape), n] for (module, leaf, shape), n in groups.items()],
+        "params": [[*key, n] for key, n in groups.items()],
         "buffers": [floating, other],
         "blocks": [max(counts, default=0), root],
     }
@@ -77,20 +88,21 @@ def model_states(shapes: dict, o: PlanOptions, rank: int = 0) -> dict[str, int]:
     compute, master, _ = PRECISIONS[o.dtype or "bf16"]
     k = STATES[o.optimizer] if o.training and o.optimizer else 0
     floating, other = shapes["buffers"]
-    out = {"weights": floating * (compute if master == compute else 4) + other, "gradients": 0, "optimizer": 0}
-    for module, leaf, full, count in shapes["params"]:
-        shape = _tp_split(f"{module}.{leaf}", tuple(full), o.tp, rank % o.tp)
-        rest = math.prod(shape[1:]) if shape else 1
-        held, stored = _chunk(shape[0], o.fsdp, rank // o.tp) if shape else (1, 1)  # fsdp=1: the whole dim
-        out["weights"] += count * stored * rest * master
-        if o.training:
-            out["gradients"] += count * stored * rest * master
-            out["optimizer"] += count * (k * held * rest * master + STEP_BYTES[o.optimizer or "none"])
-    return out
+    stored_elements = held_elements = tensors = 0
+    for role, rows, rest, count in shapes["params"]:
+        held, stored, rest = _local(role, rows, rest, o, rank)
+        stored_elements += count * stored * rest
+        held_elements += count * held * rest
+        tensors += count
+    weights = floating * (compute if master == compute else 4) + other + stored_elements * master
+    if not o.training:
+        return {"weights": weights, "gradients": 0, "optimizer": 0}
+    step = STEP_BYTES[o.optimizer or "none"] * tensors
+    return {"weights": weights, "gradients": stored_elements * master, "optimizer": k * held_elements * master + step}
 
 
 def param_count(shapes: dict) -> int:
-    return sum(count * math.prod(shape) for _, _, shape, count in shapes["params"])
+    return sum(count * (rows or 1) * rest for _, rows, rest, count in shapes["params"])
 
 
 def blocks(tensors: Sequence) -> tuple[list[int], int]:
@@ -117,9 +129,10 @@ def _padding(shapes: dict, o: PlanOptions) -> int:
     """The elements fully_shard adds by padding each parameter's dim 0 to a multiple of the ranks (TP rank 0's
     split): an upper bound of the root's padding (the blocks' dims divide the ranks in the models measured)."""
     pad = 0
-    for module, leaf, full, count in shapes["params"]:
-        shape = _tp_split(f"{module}.{leaf}", tuple(full), o.tp) or (1,)
-        pad += count * (_chunk(shape[0], o.fsdp, 0)[1] * o.fsdp - shape[0]) * math.prod(shape[1:])
+    for role, rows, rest, count in shapes["params"]:
+        local = 1 if rows is None else _chunk(rows, o.tp, 0)[0] if o.tp > 1 and role == "col" else rows
+        rest = _chunk(rest, o.tp, 0)[0] if o.tp > 1 and role == "row" else rest
+        pad += count * (_chunk(local, o.fsdp, 0)[1] * o.fsdp - local) * rest
     return pad
 
 
