@@ -158,7 +158,7 @@ def search(
         >>> [m.name for m in zoo.search("top1>85 and params<30M", order_by="-top1", limit=1)]
         ['timm/tiny_vit_21m_512.dist_in22k_ft_in1k']
         >>> zoo.search("name~'*Llama-3.1-8B'", fits="H100 train seq=4096 fsdp=8 devices=8", fields=["max_batch"])
-        [{'max_batch': 5}]
+        [{'max_batch': 1}]
     """
     return _registry(registry).search(expression, order_by, limit, fields, fits)
 
